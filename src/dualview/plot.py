@@ -1,0 +1,111 @@
+"""Shared figure helpers: red/blue heatmaps, image grids and drawings of (active) sub-networks."""
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.collections import LineCollection
+from torch import Tensor, nn
+
+from dualview.gates import record_gates
+from dualview.paths import fc_layers
+
+__all__ = ["heatmap", "image_grid", "draw_network"]
+
+
+def _np(a) -> np.ndarray:
+    return a.detach().cpu().numpy() if isinstance(a, Tensor) else np.asarray(a)
+
+
+def heatmap(ax, values, title: str | None = None, symmetric: bool = True, cmap: str = "bwr"):
+    """Show a 2-D map; with ``symmetric`` the colour scale is centred on 0 (red > 0, blue < 0)."""
+    v = _np(values).squeeze()
+    if v.ndim == 3:  # (C, H, W): sum over channels
+        v = v.sum(0)
+    lim = np.abs(v).max() or 1.0
+    im = ax.imshow(v, cmap=cmap, vmin=-lim if symmetric else None, vmax=lim if symmetric else None)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=9)
+    return im
+
+
+def image_grid(images, titles=None, ncols: int = 8, cmap: str = "gray", size: float = 1.4, symmetric=False):
+    """Plot a batch ``(N, C, H, W)`` (or ``(N, H, W)``) of images on a grid; returns the figure."""
+    imgs = _np(images)
+    n = len(imgs)
+    nrows = int(np.ceil(n / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size * ncols, size * nrows + 0.3 * (titles is not None)),
+                             squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.axis("off")
+        if k >= n:
+            continue
+        im = imgs[k]
+        if im.ndim == 3 and im.shape[0] in (1, 3):
+            im = im[0] if im.shape[0] == 1 else np.transpose(im, (1, 2, 0))
+        if symmetric:
+            heatmap(ax, im)
+        else:
+            ax.imshow(im, cmap=cmap if im.ndim == 2 else None)
+        if titles is not None:
+            ax.set_title(str(titles[k]), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def draw_network(model: nn.Module, x: Tensor | None = None, ax=None, title: str | None = None,
+                 input_size: float = 12.0):
+    """Draw a small fully connected ReLU network; with an input ``x``, highlight its active sub-network.
+
+    Units are drawn in columns, one per layer. With ``x`` (one input), units whose gate is off are
+    hollow and every edge that touches them is faded: what remains in colour is the active
+    sub-network, a linear network (red: positive weight, blue: negative; line width ~ |weight|).
+    Input units are sized by the magnitude of the input coordinate.
+    """
+    layers = fc_layers(model)
+    sizes = [layers[0].in_features] + [lin.out_features for lin in layers]
+    if max(sizes) > 200:
+        raise ValueError(f"draw_network is meant for small networks (at most 200 units a layer), got {sizes}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(2.2 * len(sizes), 5))
+    on = [np.ones(s, dtype=bool) for s in sizes]
+    xin = np.ones(sizes[0])
+    if x is not None:
+        if x.shape[0] != 1:
+            raise ValueError(f"draw_network shows one input at a time, got a batch of {x.shape[0]}")
+        with torch.no_grad():
+            rec = record_gates(model, x.flatten(1).to(layers[0].weight.dtype))
+        gates = [_np(g[0]).astype(bool) for g in rec.gates.values()]
+        xin = _np(x.flatten())
+        on = [xin != 0] + gates + [np.ones(sizes[-1], dtype=bool)]
+    ys = [np.linspace(1, 0, s) if s > 1 else np.array([0.5]) for s in sizes]
+    for l, lin in enumerate(layers):
+        W = _np(lin.weight)
+        i, j = np.meshgrid(np.arange(sizes[l]), np.arange(sizes[l + 1]))
+        i, j, w = i.ravel(), j.ravel(), W.ravel()
+        segs = np.stack([np.stack([np.full_like(w, l), ys[l][i]], 1),
+                         np.stack([np.full_like(w, l + 1), ys[l + 1][j]], 1)], 1)
+        live = on[l][i] & on[l + 1][j]
+        scale = np.abs(w).max() or 1.0
+        faded = LineCollection(segs[~live], colors="0.85", linewidths=0.3, zorder=1)
+        colors = np.where(w[live, None] > 0, [[0.84, 0.15, 0.16, 1.0]], [[0.12, 0.47, 0.71, 1.0]])
+        colors[:, 3] = 0.25 + 0.75 * np.abs(w[live]) / scale
+        lit = LineCollection(segs[live], colors=colors, linewidths=0.3 + 1.7 * np.abs(w[live]) / scale, zorder=2)
+        ax.add_collection(faded)
+        ax.add_collection(lit)
+    for l, s in enumerate(sizes):
+        size = input_size * (0.2 + np.abs(xin) / (np.abs(xin).max() or 1)) if l == 0 else 40
+        face = np.where(on[l], "k", "white")
+        ax.scatter(np.full(s, l), ys[l], s=size, c=face, edgecolors="k", linewidths=0.6, zorder=3)
+    ax.set_xlim(-0.3, len(sizes) - 0.7)
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_xticks(range(len(sizes)))
+    ax.set_xticklabels(["input"] + [f"hidden {l}" for l in range(1, len(sizes) - 1)] + ["output"])
+    ax.set_yticks([])
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title)
+    return ax

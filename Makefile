@@ -1,0 +1,67 @@
+# The book's two commands (see README):  make book   (build the HTML)   and   make test   (run all tests).
+# Both create the virtual environment .venv and install requirements.txt into it on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PROFILE ?= cpu
+CH ?= 01_paths
+export MPLBACKEND ?= Agg
+export PYTHONHASHSEED ?= 0
+# pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
+NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cacheprovider
+
+.PHONY: env book notebooks html test unit references sync chapter clean
+
+env: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (dualview)" > /dev/null
+	touch $@
+
+## make book: execute every chapter (cpu profile) once, then build the HTML into _build/html
+book: notebooks html
+
+## execute the chapters with their claim checks (asserts) and reference-output checks
+notebooks: env
+	$(BIN)/python scripts/notebooks.py prepare --profile $(PROFILE)
+	$(BIN)/python -m pytest $(NBVAL) _build/nbtest
+
+## build the HTML from the executed chapters, warnings as errors
+html: env
+	$(BIN)/python scripts/notebooks.py stage
+	$(BIN)/jupyter-book build _build/stage --path-output . --warningiserror --nitpick --keep-going --quiet
+	@echo "The book is in _build/html/index.html"
+
+## make test: unit and property tests, every chapter executed once, and the HTML build
+test: env
+	$(BIN)/python scripts/notebooks.py check-sync
+	$(BIN)/python scripts/notebooks.py prepare --profile cpu
+	$(BIN)/python -m pytest tests $(NBVAL) _build/nbtest
+	$(MAKE) html
+
+unit: env
+	$(BIN)/python -m pytest tests
+
+## re-record the reference outputs of the tagged cells (review the diff of tests/reference/ afterwards)
+references: env
+	$(BIN)/python scripts/notebooks.py prepare --profile cpu --record
+	$(BIN)/python -m pytest $(NBVAL) _build/nbtest
+	$(BIN)/python scripts/notebooks.py record
+
+## write the Colab copies book/*.ipynb from the MyST sources book/*.md
+sync: env
+	$(BIN)/python scripts/notebooks.py sync
+
+## run one chapter with papermill in a chosen profile:  make chapter CH=01_paths PROFILE=gpu
+chapter: env
+	mkdir -p _build/runs
+	$(BIN)/jupytext --to ipynb --output _build/runs/$(CH).ipynb book/$(CH).md
+	$(BIN)/papermill _build/runs/$(CH).ipynb _build/runs/$(CH)-$(PROFILE).ipynb -p PROFILE $(PROFILE) --cwd book
+	@echo "executed notebook: _build/runs/$(CH)-$(PROFILE).ipynb"
+
+clean:
+	rm -rf _build

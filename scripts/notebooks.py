@@ -1,0 +1,208 @@
+"""The book's notebook harness: prepare chapters for testing, record reference outputs, stage the build.
+
+Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file with a jupytext
+``kernelspec``) takes part; a new chapter joins by being in the table of contents.
+
+    python scripts/notebooks.py prepare [--profile cpu] [--record]
+        book/<ch>.md -> _build/nbtest/book/<ch>.ipynb: parameters injected with papermill, and the
+        reference outputs of the cells tagged ``nbval-check-output`` attached from
+        tests/reference/<ch>.json, for ``pytest --nbval-lax`` to execute and compare. The root
+        conftest.py writes each executed notebook to _build/executed/ as nbval runs it, so a
+        chapter is executed once and the same outputs go into the book.
+    python scripts/notebooks.py record
+        store the outputs of the tagged cells of the executed chapters as the new references.
+    python scripts/notebooks.py stage
+        assemble _build/stage/ (configuration, plain pages, executed chapters) for jupyter-book.
+    python scripts/notebooks.py sync
+        write book/<ch>.ipynb (no outputs) from book/<ch>.md: the copy Colab opens.
+    python scripts/notebooks.py check-sync
+        fail if a committed book/<ch>.ipynb differs from its .md source.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import jupytext
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "_build"
+NBTEST = BUILD / "nbtest"
+EXECUTED = BUILD / "executed"
+STAGE = BUILD / "stage"
+REFERENCES = ROOT / "tests" / "reference"
+CHECK_TAG = "nbval-check-output"
+
+
+def toc_files() -> list[Path]:
+    """Source files of every entry of ``_toc.yml``, in reading order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    names = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                names.append(node["file"])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk({k: v for k, v in toc.items() if k != "root"})
+    files = []
+    for name in names:
+        for suffix in (".md", ".ipynb"):
+            path = ROOT / f"{name}{suffix}"
+            if path.exists():
+                files.append(path)
+                break
+        else:
+            raise FileNotFoundError(f"_toc.yml lists '{name}', but neither {name}.md nor {name}.ipynb exists")
+    return files
+
+
+def is_notebook(path: Path) -> bool:
+    return path.suffix == ".md" and "kernelspec" in jupytext.read(path).metadata
+
+
+def chapters() -> list[Path]:
+    return [p for p in toc_files() if is_notebook(p)]
+
+
+def _cell_key(source: str) -> str:
+    return hashlib.sha1(source.strip().encode()).hexdigest()[:16]
+
+
+def _reference_file(chapter: Path) -> Path:
+    return REFERENCES / f"{chapter.stem}.json"
+
+
+def _checked_cells(nb) -> list:
+    return [c for c in nb.cells if c.cell_type == "code" and CHECK_TAG in c.metadata.get("tags", [])]
+
+
+def prepare(profile: str, record: bool) -> None:
+    from papermill.parameterize import parameterize_notebook
+
+    problems = []
+    for ch in chapters():
+        nb = jupytext.read(ch)
+        nb = parameterize_notebook(nb, {"PROFILE": profile}, kernel_name="python3", language="python")
+        refs = {} if record else json.loads(_reference_file(ch).read_text()) if _reference_file(ch).exists() else {}
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        for cell in _checked_cells(nb):
+            if record:
+                continue
+            key = _cell_key(cell.source)
+            if key not in refs:
+                problems.append(f"{ch.relative_to(ROOT)}: no reference output for the checked cell\n    "
+                                + cell.source.strip().splitlines()[0])
+                continue
+            cell.outputs = [nbformat.from_dict(o) for o in refs[key]]
+            cell.execution_count = 1
+        out = NBTEST / ch.relative_to(ROOT).with_suffix(".ipynb")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nb, out)
+    if problems:
+        sys.exit("Reference outputs are missing (a checked cell is new or its code changed).\n"
+                 "Execute the chapters with `make references` and review the diff of tests/reference/.\n"
+                 + "\n".join(problems))
+
+
+def _strip_images(output: dict) -> dict:
+    out = copy.deepcopy(output)
+    for key in list(out.get("data", {})):
+        if key.startswith("image/"):
+            out["data"][key] = ""  # nbval never compares images; keep the key so fields match
+    out.pop("execution_count", None)
+    return out
+
+
+def record() -> None:
+    REFERENCES.mkdir(parents=True, exist_ok=True)
+    for ch in chapters():
+        executed = EXECUTED / ch.relative_to(ROOT).with_suffix(".ipynb")
+        if not executed.exists():
+            sys.exit(f"{executed} does not exist: execute the chapters first (make notebooks)")
+        nb = nbformat.read(executed, as_version=4)
+        refs = {_cell_key(c.source): [_strip_images(o) for o in c.outputs] for c in _checked_cells(nb)}
+        _reference_file(ch).write_text(json.dumps(refs, indent=1, sort_keys=True) + "\n")
+        print(f"recorded {len(refs)} reference outputs for {ch.relative_to(ROOT)}")
+
+
+def stage() -> None:
+    if STAGE.exists():
+        shutil.rmtree(STAGE)
+    STAGE.mkdir(parents=True)
+    for name in ("_config.yml", "_toc.yml", "references.bib"):
+        shutil.copy2(ROOT / name, STAGE / name)
+    for path in toc_files():
+        rel = path.relative_to(ROOT)
+        if is_notebook(path):
+            src = EXECUTED / rel.with_suffix(".ipynb")
+            if not src.exists():
+                sys.exit(f"{src} does not exist: execute the chapters first (make notebooks)")
+            dst = STAGE / rel.with_suffix(".ipynb")
+        else:
+            src, dst = path, STAGE / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    for folder in ("book/images",):
+        if (ROOT / folder).exists():
+            shutil.copytree(ROOT / folder, STAGE / folder)
+
+
+def _colab_copy(chapter: Path):
+    nb = jupytext.read(chapter)
+    nb.metadata.pop("jupytext", None)
+    return nb
+
+
+def sync() -> None:
+    for ch in chapters():
+        nbformat.write(_colab_copy(ch), ch.with_suffix(".ipynb"))
+        print(f"wrote {ch.with_suffix('.ipynb').relative_to(ROOT)}")
+
+
+def check_sync() -> None:
+    stale = []
+    for ch in chapters():
+        ipynb = ch.with_suffix(".ipynb")
+        if not ipynb.exists():
+            stale.append(f"{ipynb.relative_to(ROOT)} is missing")
+            continue
+        want = [(c.cell_type, c.source) for c in _colab_copy(ch).cells]
+        have = [(c.cell_type, c.source) for c in nbformat.read(ipynb, as_version=4).cells]
+        if want != have:
+            stale.append(f"{ipynb.relative_to(ROOT)} differs from {ch.relative_to(ROOT)}")
+    if stale:
+        sys.exit("The Colab copies are out of date; run `make sync`:\n  " + "\n  ".join(stale))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prepare")
+    p.add_argument("--profile", default="cpu", choices=["cpu", "gpu"])
+    p.add_argument("--record", action="store_true", help="do not attach references (to record new ones)")
+    for name in ("record", "stage", "sync", "check-sync"):
+        sub.add_parser(name)
+    args = parser.parse_args()
+    if args.command == "prepare":
+        prepare(args.profile, args.record)
+    else:
+        {"record": record, "stage": stage, "sync": sync, "check-sync": check_sync}[args.command]()
+
+
+if __name__ == "__main__":
+    main()

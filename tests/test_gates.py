@@ -1,0 +1,171 @@
+"""Gates: recorded gates match the ReLUs, GaLU runs, and every documented bad input gives its error."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from dualview import gates
+
+
+def conv_net() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, padding_mode="circular"), nn.BatchNorm2d(4), nn.ReLU(),
+        nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(6, 5), nn.ReLU(), nn.Dropout(0.5), nn.Linear(5, 3),
+    ).eval()
+
+
+class Block(nn.Module):
+    """A residual block that reuses one ReLU module twice (as torchvision's ResNets do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.a(self.relu(x)) + x)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 6))
+def test_recorded_gates_match_relu_outputs(seed, n):
+    torch.manual_seed(seed)
+    net = conv_net()
+    x = torch.randn(n, 1, 8, 8)
+    outputs = {}
+    hooks = [m.register_forward_hook(lambda mod, a, out, name=name: outputs.__setitem__(name, out.clone()))
+             for name, m in net.named_modules() if isinstance(m, nn.ReLU)]
+    ref = net(x)
+    for h in hooks:
+        h.remove()
+    rec = gates.record_gates(net, x)
+    assert rec.names == list(outputs)
+    torch.testing.assert_close(rec.output, ref)
+    for name, q in rec.preactivations.items():
+        assert torch.equal(q * rec.gates[name], outputs[name])  # ReLU(q) = q * G
+
+
+def test_own_gates_reproduce_output_and_frozen_gates_are_affine():
+    torch.manual_seed(0)
+    net = conv_net()
+    x = torch.randn(4, 1, 8, 8)
+    rec = gates.record_gates(net, x)
+    torch.testing.assert_close(gates.run_with_gates(net, x, rec.gates, rec.pool_indices), rec.output)
+    # with x's gates and pool winners frozen, the network is affine in its input
+    f = lambda z: gates.run_with_gates(net, z, rec.gates, rec.pool_indices)
+    a, b = torch.randn(4, 1, 8, 8), torch.randn(4, 1, 8, 8)
+    lhs = f(0.3 * a + 0.7 * b)
+    rhs = 0.3 * f(a) + 0.7 * f(b)
+    torch.testing.assert_close(lhs, rhs, rtol=1e-5, atol=1e-5)
+
+
+def test_soft_gates_and_other_inputs_gates():
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    x, x2 = torch.randn(4, 3), torch.randn(4, 3)
+    g2 = gates.record_gates(net, x2).gates
+    out = gates.run_with_gates(net, x, g2)
+    q = net[0](x)
+    torch.testing.assert_close(out, net[2](q * g2["1"]))
+    soft = {"1": torch.sigmoid(10 * net[0](x2))}
+    torch.testing.assert_close(gates.run_with_gates(net, x, soft), net[2](q * soft["1"]))
+
+
+def test_reused_and_inplace_relu_get_one_entry_per_call():
+    torch.manual_seed(2)
+    block = Block()
+    x = torch.randn(3, 4)
+    rec = gates.record_gates(block, x.clone())
+    assert rec.names == ["relu", "relu#1"]
+    torch.testing.assert_close(rec.preactivations["relu"], x)
+    torch.testing.assert_close(gates.run_with_gates(block, x.clone(), rec.gates), rec.output)
+
+
+def test_active_share_chunks_agree_with_one_batch():
+    torch.manual_seed(3)
+    net = conv_net()
+    x = torch.randn(20, 1, 8, 8)
+    whole = gates.record_gates(net, x).active_share()
+    chunked = gates.active_share(net, x, batch_size=7)
+    for k in whole:
+        torch.testing.assert_close(whole[k], chunked[k])
+
+
+@pytest.mark.parametrize("layer", [nn.GELU(), nn.Tanh(), nn.Sigmoid(), nn.LeakyReLU()])
+def test_other_activations_are_refused_by_name(layer):
+    net = nn.Sequential(nn.Linear(3, 3), layer, nn.Linear(3, 1))
+    with pytest.raises(gates.UnsupportedLayerError, match=type(layer).__name__):
+        gates.record_gates(net, torch.randn(2, 3))
+
+
+def test_unknown_module_with_parameters_is_refused():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.s = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return x * self.s
+
+    with pytest.raises(gates.UnsupportedLayerError, match="Scale"):
+        gates.record_gates(nn.Sequential(nn.Linear(3, 3), Scale()), torch.randn(2, 3))
+
+    class Container(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+            self.extra = nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            return self.lin(x) + self.extra
+
+    with pytest.raises(gates.UnsupportedLayerError, match="parameters of its own"):
+        gates.record_gates(Container(), torch.randn(2, 3))
+
+
+@pytest.mark.parametrize("fn", [F.relu, torch.relu, lambda t: t.relu(), lambda t: t.clamp(min=0),
+                                lambda t: F.max_pool1d(t.unsqueeze(1), 1).squeeze(1), torch.tanh])
+def test_functional_nonlinearity_is_refused(fn):
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return fn(self.lin(x))
+
+    with pytest.raises(gates.UnsupportedLayerError, match="as a function"):
+        gates.record_gates(Functional(), torch.randn(2, 3))
+
+
+def test_train_mode_batchnorm_is_refused():
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.ReLU()).train()
+    with pytest.raises(gates.UnsupportedLayerError, match="eval"):
+        gates.record_gates(net, torch.randn(4, 3))
+
+
+def test_bad_gate_inputs():
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    x = torch.randn(4, 3)
+    with pytest.raises(KeyError, match="no gates given"):
+        gates.run_with_gates(net, x, {})
+    with pytest.raises(KeyError, match="never reached"):
+        gates.run_with_gates(net, x, {"1": torch.ones(4, 5), "9": torch.ones(1)})
+    with pytest.raises(ValueError, match="broadcast"):
+        gates.run_with_gates(net, x, {"1": torch.ones(4, 3)})
+    with pytest.raises(ValueError, match="batch dimension"):
+        gates.record_gates(net, torch.randn(3))
+    with pytest.raises(TypeError):
+        gates.record_gates(net, [1, 2, 3])
+
+
+def test_hooks_are_removed_even_after_an_error():
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    with pytest.raises(RuntimeError):
+        gates.record_gates(net, torch.randn(4, 7))  # shape error inside forward
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())

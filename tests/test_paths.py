@@ -1,0 +1,174 @@
+"""Paths: output = <phi, v> on random networks, fast vs reference, and path counting vs brute force."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from dualview import gates, paths
+
+
+def random_fc(widths: list[int], bias, seed: int) -> nn.Sequential:
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = []
+    flags = [bias] * (len(widths) - 1) if isinstance(bias, bool) else bias
+    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        layers.append(nn.Linear(a, b, bias=flags[k]))
+        if k < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers).double()
+
+
+fc_shapes = st.lists(st.integers(1, 4), min_size=2, max_size=5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(widths=fc_shapes, bias=st.booleans() | st.lists(st.booleans(), min_size=4, max_size=4),
+       seed=st.integers(0, 10_000))
+def test_output_is_inner_product_of_npf_and_npv(widths, bias, seed):
+    widths = widths + [2]  # random depth and width, 2 outputs
+    if isinstance(bias, list):
+        bias = (bias * 2)[: len(widths) - 1]
+    net = random_fc(widths, bias, seed)
+    x = torch.randn(7, widths[0], dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    phi = paths.neural_path_features(net, x)
+    v = paths.neural_path_values(net)
+    assert phi.shape[1] == v.shape[0]
+    torch.testing.assert_close(phi @ v, net(x), rtol=1e-10, atol=1e-10)
+    # number of paths (per output) matches the closed form
+    assert phi.shape[1] * widths[-1] == paths.fc_path_count(widths, bias)
+
+
+@settings(max_examples=15, deadline=None)
+@given(widths=st.lists(st.integers(1, 3), min_size=2, max_size=4), bias=st.booleans(), seed=st.integers(0, 999))
+def test_fast_matches_reference(widths, bias, seed):
+    net = random_fc(widths + [2], bias, seed)
+    x = torch.randn(3, widths[0], dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    assert torch.equal(paths.neural_path_features(net, x), paths.neural_path_features_reference(net, x))
+    torch.testing.assert_close(paths.neural_path_values(net), paths.neural_path_values_reference(net),
+                               rtol=1e-12, atol=0)
+
+
+def test_real_digits_identity(digits_small):
+    """<phi, v> = f on real handwritten digits, with a network that has biases."""
+    x, _ = digits_small
+    net = random_fc([64, 6, 5, 10], True, 0)
+    phi = paths.neural_path_features(net, x)
+    torch.testing.assert_close(phi @ paths.neural_path_values(net), net(x), rtol=1e-10, atol=1e-10)
+
+
+def test_activity_is_product_of_gates_and_feature_is_input_times_activity():
+    net = random_fc([3, 4, 3, 2], True, 1)
+    x = torch.randn(5, 3, dtype=torch.float64)
+    A = paths.path_activity(net, x)
+    idx = paths.path_index(net)
+    g = list(gates.record_gates(net, x).gates.values())
+    for n, k in itertools.product(range(5), range(idx.shape[0])):  # reference loop
+        p = idx[k].tolist()
+        on = all(p[l] == g[l - 1].shape[1] or bool(g[l - 1][n, p[l]]) for l in range(1, len(p)))
+        assert bool(A[n, k]) == on
+    xa = torch.cat([x, torch.ones(5, 1, dtype=x.dtype)], 1)
+    assert torch.equal(paths.neural_path_features(net, x), xa[:, idx[:, 0]] * A)
+
+
+def test_paths_never_reenter_constant_units():
+    net = random_fc([3, 4, 3, 2], True, 2)
+    idx = paths.path_index(net)
+    widths = [3, 4, 3]
+    const = torch.stack([idx[:, l] == widths[l] for l in range(3)], 1).int()
+    assert (const[:, 1:] <= const[:, :-1]).all()
+
+
+def test_fc_errors_name_the_layer():
+    with pytest.raises(TypeError, match="Tanh"):
+        paths.neural_path_features(nn.Sequential(nn.Linear(2, 2), nn.Tanh(), nn.Linear(2, 1)), torch.randn(1, 2))
+    with pytest.raises(TypeError, match="Sequential"):
+        paths.fc_layers(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="expects 3"):
+        paths.neural_path_features(random_fc([3, 2, 1], True, 0), torch.randn(1, 4, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        paths.fc_path_count([3])
+
+
+# --- path counting -----------------------------------------------------------------------------
+
+
+@settings(max_examples=20, deadline=None)
+@given(widths=st.lists(st.integers(1, 4), min_size=3, max_size=5), seed=st.integers(0, 999))
+def test_count_paths_fc_matches_enumeration(widths, seed):
+    net = random_fc(widths, True, seed)
+    x = torch.randn(4, widths[0], dtype=torch.float64)
+    counts = paths.count_paths(net, x)
+    assert counts.total[-1].item() == paths.fc_path_count(widths)  # input paths only
+    idx = paths.path_index(net)
+    input_paths = idx[:, 0] < widths[0]
+    active = paths.path_activity(net, x)[:, input_paths].sum(1) * widths[-1]
+    torch.testing.assert_close(counts.active[:, -1], active.double())
+
+
+def _adjacency_reference(layer: nn.Module, in_shape: tuple[int, ...]) -> torch.Tensor:
+    """Which input units each output unit of a linear layer reads: a loop over input units (reference)."""
+    n_in = int(torch.tensor(in_shape).prod())
+    cols = []
+    for i in range(n_in):
+        e = torch.zeros(n_in, dtype=torch.float64)
+        e[i] = 1.0
+        with torch.no_grad():
+            cols.append(layer(e.view(1, *in_shape)).flatten() != 0)
+    return torch.stack(cols, 1).double()
+
+
+def test_count_paths_conv_matches_brute_force():
+    """A tiny conv net with max-pooling: counts from explicit adjacency matrices (reference)."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(1, 2, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.uniform_(0.5, 1.0)  # no zero weights, so connectivity = non-zero Jacobian entries
+    fc_layer = nn.Linear(2 * 2 * 2, 3)
+    with torch.no_grad():
+        fc_layer.weight.uniform_(0.5, 1.0)
+    net = nn.Sequential(conv, nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), fc_layer).double()
+    x = torch.randn(5, 1, 4, 4, dtype=torch.float64)
+    counts = paths.count_paths(net, x)
+
+    A1 = _adjacency_reference(lambda z: nn.functional.conv2d(z, conv.weight.double(), padding=1), (1, 4, 4))
+    pool_all = _adjacency_reference(lambda z: nn.functional.avg_pool2d(z, 2), (2, 4, 4))
+    A3 = _adjacency_reference(lambda z: z.flatten(1) @ fc_layer.weight.double().T, (8,))
+    ones = torch.ones(16, dtype=torch.float64)
+    total_conv = A1 @ ones
+    total_out = A3 @ pool_all @ total_conv
+    assert counts.total[0] == total_conv.sum() and counts.total[-1] == total_out.sum()
+
+    rec = gates.record_gates(net, x)
+    for n in range(5):  # active: gates of x, and each window passes its winner only
+        g = rec.gates["1"][n].flatten().double()
+        win = torch.zeros(8, 32, dtype=torch.float64)
+        idx = rec.pool_indices["2"][n].flatten()  # flat within channel
+        for j in range(8):
+            win[j, (j // 4) * 16 + idx[j]] = 1.0
+        active_conv = g * total_conv
+        assert counts.active[n, 0] == active_conv.sum()
+        assert counts.active[n, -1] == (A3 @ win @ active_conv).sum()
+
+
+def test_count_paths_needs_input_or_shape_and_rejects_unknown_layers():
+    with pytest.raises(ValueError, match="input_shape"):
+        paths.count_paths(nn.Sequential(nn.Linear(2, 2)))
+
+    class Weird(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    from dualview.gates import register_linear_layer
+
+    register_linear_layer(Weird)
+    with pytest.raises(TypeError, match="register_unit_rule"):
+        paths.count_paths(nn.Sequential(nn.Linear(2, 2), Weird()), input_shape=(2,))
+
+
+def test_parameter_count():
+    assert paths.parameter_count(random_fc([3, 4, 2], True, 0)) == 3 * 4 + 4 + 4 * 2 + 2

@@ -16,7 +16,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cachepr
 env: $(VENV)/.installed
 
 $(VENV)/.installed: requirements.txt pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (dualview)" > /dev/null

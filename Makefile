@@ -6,7 +6,6 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= cpu
 CH ?= 01_paths
-export MPLBACKEND ?= Agg
 export PYTHONHASHSEED ?= 0
 # pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cacheprovider

@@ -8,10 +8,15 @@ jupyter-book) and print how long each chapter took.
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
+
+# The chapters' kernels inherit this process's environment: a non-interactive MPLBACKEND (e.g. Agg)
+# would stop figures from being displayed, so they would be missing from the book.
+os.environ.pop("MPLBACKEND", None)
 
 ROOT = Path(__file__).resolve().parent
 _executed: dict[Path, dict] = {}

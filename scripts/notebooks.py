@@ -105,6 +105,9 @@ def prepare(profile: str, record: bool) -> None:
             cell.metadata.setdefault("tags", [])  # papermill looks up tags on every cell
         nb.metadata.setdefault("papermill", {})
         nb = parameterize_notebook(nb, {"PROFILE": profile}, kernel_name="python3", language="python")
+        for cell in nb.cells:  # the injected copy of the parameters is not for readers
+            if "injected-parameters" in cell.metadata.tags:
+                cell.metadata.tags.append("remove-cell")
         refs = {} if record else json.loads(_reference_file(ch).read_text()) if _reference_file(ch).exists() else {}
         for cell in nb.cells:
             if cell.cell_type == "code":

@@ -29,10 +29,10 @@ notebooks: env
 	$(BIN)/python scripts/notebooks.py prepare --profile $(PROFILE)
 	$(BIN)/python -m pytest $(NBVAL) _build/nbtest
 
-## build the HTML from the executed chapters, warnings as errors
+## build the HTML from the executed chapters, warnings as errors (HIDE_SOLUTIONS=1: a course build)
 html: env
-	$(BIN)/python scripts/notebooks.py stage
-	$(BIN)/jupyter-book build _build/stage --path-output . --warningiserror --nitpick --keep-going --quiet
+	HIDE_SOLUTIONS=$(HIDE_SOLUTIONS) $(BIN)/python scripts/notebooks.py stage
+	$(BIN)/jupyter-book build _build/stage --all --path-output . --warningiserror --nitpick --keep-going --quiet
 	@echo "The book is in _build/html/index.html"
 
 ## make test: unit and property tests, every chapter executed once, and the HTML build

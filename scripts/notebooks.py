@@ -12,7 +12,8 @@ Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file wi
     python scripts/notebooks.py record
         store the outputs of the tagged cells of the executed chapters as the new references.
     python scripts/notebooks.py stage
-        assemble _build/stage/ (configuration, plain pages, executed chapters) for jupyter-book.
+        assemble _build/stage/ (configuration, plain pages, executed chapters) for jupyter-book;
+        with HIDE_SOLUTIONS=1 in the environment, the exercises' solutions are left out (a course build).
     python scripts/notebooks.py sync
         write book/<ch>.ipynb (no outputs) from book/<ch>.md: the copy Colab opens.
     python scripts/notebooks.py check-sync
@@ -24,6 +25,8 @@ import argparse
 import copy
 import hashlib
 import json
+import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -158,6 +161,7 @@ def stage() -> None:
     STAGE.mkdir(parents=True)
     for name in ("_config.yml", "_toc.yml", "references.bib"):
         shutil.copy2(ROOT / name, STAGE / name)
+    hide = os.environ.get("HIDE_SOLUTIONS") == "1"  # a course build: exercises without their solutions
     for path in toc_files():
         rel = path.relative_to(ROOT)
         if is_notebook(path):
@@ -168,10 +172,39 @@ def stage() -> None:
         else:
             src, dst = path, STAGE / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+        if hide and dst.suffix == ".ipynb":
+            nbformat.write(_without_solutions(nbformat.read(src, as_version=4)), dst)
+        else:
+            shutil.copy2(src, dst)
     for folder in ("book/images",):
         if (ROOT / folder).exists():
             shutil.copytree(ROOT / folder, STAGE / folder)
+
+
+_SOLUTION_FENCE = re.compile(r"```\{solution-(start|end)\}[^\n]*\n(?:[^`]*?\n)?```[ \t]*\n?")
+
+
+def _without_solutions(nb):
+    """The notebook without the solutions of its exercises (gated solution-start/solution-end blocks)."""
+    inside, cells = False, []
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            if not inside:
+                cells.append(cell)
+            continue
+        kept, pos = [], 0
+        for match in _SOLUTION_FENCE.finditer(cell.source):
+            if not inside:
+                kept.append(cell.source[pos:match.start()])
+            inside = match.group(1) == "start"
+            pos = match.end()
+        if not inside:
+            kept.append(cell.source[pos:])
+        cell.source = "".join(kept).strip()
+        if cell.source:
+            cells.append(cell)
+    nb.cells = cells
+    return nb
 
 
 def _colab_copy(chapter: Path):

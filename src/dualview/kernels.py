@@ -1,0 +1,639 @@
+"""Kernels of the dual view: the neural path kernel (NPK), the empirical NTK, kernel classifiers.
+
+The *neural path kernel* of a network is the Gram matrix of its neural path features,
+``NPK(x, x') = <phi(x), phi(x')>`` (Section 2 of :cite:`lakshminarayanan2022explicitising`). It
+depends on the inputs and the gates only. The module is organised by architecture:
+
+* **gates as features** (:func:`fc_gates`, :func:`layer_kernels`): the per-layer *base kernels*
+  ``<G_l(x), G_l(x')>`` that every architecture's NPK is built from;
+* **fully connected networks** (:func:`npk_fc`, :func:`overlap_fc`, :func:`npk_from_gates`,
+  :func:`overlap_from_gates`): the product form of Theorem 3.1,
+  ``NPK(x, x') = <x, x'> * prod_l <G_l(x), G_l(x')>``, batched and chunked;
+* convolutional networks with global average pooling (rotation sum, Theorem 3.2) and residual
+  networks (ensemble sum, Theorem 3.3) join here as further sections (Chapters 3 and 4);
+* **references** (:func:`npf_gram_reference`, :func:`neural_path_features_from_gates_reference`):
+  the Gram matrix of explicitly enumerated path features, for tiny networks;
+* **the empirical NTK** (:func:`empirical_ntk`, :func:`empirical_ntk_reference`,
+  :func:`ntk_npk_constant`, :func:`sign_init_`) with ``torch.func``, and :class:`FixedGates`,
+  the value network of a deep gated network (DGN) run with the gates of another network;
+* **kernel methods** (:func:`normalize_kernel`, :func:`kernel_ridge_classify`).
+
+**Biases.** Theorem 3.1 is stated for networks without biases. With biases, :mod:`dualview.paths`
+uses the augmented-input convention: every bias starts a family of *bias paths*. Their features
+add a sum of partial products to the kernel (see :func:`npk_from_gates`), so with biases the NPK
+is a sum of product kernels, not a single product. ``bias_paths=False`` keeps the input paths only
+(Theorem 3.1's kernel); the default follows the network and equals the Gram matrix of
+:func:`dualview.paths.neural_path_features`.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, jacrev, vmap
+
+from dualview.gates import UnsupportedLayerError, check_supported, record_gates, run_with_gates
+from dualview.paths import fc_layers, neural_path_features, path_index
+
+__all__ = [
+    "DEFAULT_MEMORY_BUDGET",
+    "MemoryBudgetError",
+    "fc_gates",
+    "layer_kernels",
+    "overlap_from_gates",
+    "npk_from_gates",
+    "overlap_fc",
+    "npk_fc",
+    "npf_gram_reference",
+    "neural_path_features_from_gates_reference",
+    "FixedGates",
+    "sign_init_",
+    "ntk_npk_constant",
+    "empirical_ntk",
+    "empirical_ntk_reference",
+    "relative_deviation",
+    "normalize_kernel",
+    "KernelRidgeResult",
+    "kernel_ridge_classify",
+]
+
+#: Bytes the temporaries of one kernel computation may take (the result itself is not counted).
+DEFAULT_MEMORY_BUDGET: int = 1 << 30
+
+
+class MemoryBudgetError(MemoryError):
+    """A kernel computation would need more temporary memory than its budget: chunk it."""
+
+
+def _check_budget(need: int, budget: int, what: str, hint: str) -> None:
+    if need > budget:
+        raise MemoryBudgetError(
+            f"{what} needs about {need / 2**20:,.0f} MiB of temporaries, over the memory budget of "
+            f"{budget / 2**20:,.0f} MiB. {hint}"
+        )
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+# ==================================================================================================
+# Gates as features: the base kernels of every architecture
+
+
+def _fc_value_layers(model: nn.Module) -> list[nn.Linear]:
+    """The Linear layers of a fully connected ReLU network, or :class:`UnsupportedLayerError`."""
+    check_supported(model)
+    try:
+        return fc_layers(model)
+    except TypeError as err:
+        raise UnsupportedLayerError(
+            f"the product form of the NPK (Theorem 3.1) is for fully connected ReLU networks "
+            f"Sequential([Flatten], Linear, ReLU, ..., Linear); {err}. Convolutional networks with "
+            "global average pooling have a rotation-sum NPK, residual networks an ensemble sum."
+        ) from err
+
+
+def fc_gates(
+    model: nn.Module, x: Tensor, batch_size: int = 1000, dtype: torch.dtype | None = None
+) -> list[Tensor]:
+    """The gates ``G_l(x)`` of every hidden layer of a fully connected ReLU network: ``[(N, w_l), ...]``.
+
+    Recorded with :func:`dualview.gates.record_gates` in chunks of ``batch_size`` (no gradients),
+    returned as 0/1 tensors of ``dtype`` (default: ``x``'s floating dtype) on ``x``'s device.
+    """
+    layers = _fc_value_layers(model)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    x = x.flatten(1)
+    if x.shape[1] != layers[0].in_features:
+        raise ValueError(
+            f"input has {x.shape[1]} features per sample, the network expects {layers[0].in_features}"
+        )
+    dtype = dtype or (x.dtype if x.is_floating_point() else torch.get_default_dtype())
+    wdtype = layers[0].weight.dtype
+    parts: list[list[Tensor]] = []
+    with torch.no_grad():
+        for chunk in x.split(batch_size):
+            rec = record_gates(model, chunk.to(wdtype))
+            parts.append([g.to(dtype) for g in rec.gates.values()])
+    return [torch.cat(col).to(x.device) for col in zip(*parts)]
+
+
+def _check_gates(gates: Sequence[Tensor], name: str) -> list[Tensor]:
+    if not isinstance(gates, (list, tuple)) or not gates:
+        raise ValueError(f"{name} must be a non-empty list of (N, w_l) gate tensors, one per hidden layer")
+    gates = [g.flatten(1) for g in gates]
+    n = gates[0].shape[0]
+    if any(g.shape[0] != n for g in gates):
+        raise ValueError(f"{name}: every layer needs one row per input, got {[tuple(g.shape) for g in gates]}")
+    return gates
+
+
+def _pair(gates1: Sequence[Tensor], gates2: Sequence[Tensor] | None) -> tuple[list[Tensor], list[Tensor]]:
+    g1 = _check_gates(gates1, "gates1")
+    g2 = g1 if gates2 is None else _check_gates(gates2, "gates2")
+    if len(g1) != len(g2) or any(a.shape[1] != b.shape[1] for a, b in zip(g1, g2)):
+        raise ValueError(
+            "gates1 and gates2 must have the same layers and widths, got "
+            f"{[a.shape[1] for a in g1]} and {[b.shape[1] for b in g2]}"
+        )
+    return g1, g2
+
+
+def layer_kernels(
+    gates1: Sequence[Tensor], gates2: Sequence[Tensor] | None = None, normalize: bool = False,
+    dtype: torch.dtype = torch.float64,
+) -> Tensor:
+    """The base kernel of every layer, ``K_l(x, x') = <G_l(x), G_l(x')>``: ``(L, N1, N2)``.
+
+    With ``normalize`` each is divided by the layer's width ``w_l`` (the share of gates on for both
+    inputs), the averaging that Theorem 3.1 of :cite:`lakshminarayanan2022disentangling` attributes to
+    width. Holds all ``L`` Gram matrices at once: for large ``N`` use :func:`overlap_from_gates`.
+    """
+    g1, g2 = _pair(gates1, gates2)
+    ks = [a.to(dtype) @ b.to(dtype).T for a, b in zip(g1, g2)]
+    if normalize:
+        ks = [k / a.shape[1] for k, a in zip(ks, g1)]
+    return torch.stack(ks)
+
+
+def _chunked_rows(n1: int, n2: int, chunk_size: int | None, itemsize: int, copies: int,
+                  budget: int, what: str) -> int:
+    """Row chunk to use, checking the temporaries (``copies`` blocks of ``rows x n2``) against the budget."""
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    rows = n1 if chunk_size is None else min(chunk_size, n1)
+    hint = ("Pass chunk_size (e.g. chunk_size=1000) to compute the Gram matrix a block of rows at a time"
+            if chunk_size is None else "Use a smaller chunk_size")
+    hint += ", or raise memory_budget if the machine has the memory."
+    _check_budget(copies * max(rows, 1) * n2 * itemsize, budget, f"a {n1} x {n2} {what}", hint)
+    return max(rows, 1)
+
+
+def overlap_from_gates(
+    gates1: Sequence[Tensor], gates2: Sequence[Tensor] | None = None, *, normalize: bool = False,
+    chunk_size: int | None = None, dtype: torch.dtype = torch.float64,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """``overlap(x, x') = prod_l <G_l(x), G_l(x')>``: the number of paths (from one input unit) active for both.
+
+    Theorem 3.1 of :cite:`lakshminarayanan2022explicitising`. ``normalize`` divides each factor by
+    its width. ``chunk_size`` computes the ``(N1, N2)`` result a block of rows at a time; without it
+    the temporaries must fit in ``memory_budget`` bytes (:class:`MemoryBudgetError` otherwise).
+    """
+    g1, g2 = _pair(gates1, gates2)
+    n1, n2 = g1[0].shape[0], g2[0].shape[0]
+    rows = _chunked_rows(n1, n2, chunk_size, _itemsize(dtype), 2, memory_budget, "overlap matrix")
+    g2t = [b.to(dtype).T for b in g2]
+    out = torch.empty(n1, n2, dtype=dtype, device=g1[0].device) if rows < n1 else None
+    for start in range(0, n1, rows):
+        block = None
+        for a, bt in zip(g1, g2t):
+            k = a[start:start + rows].to(dtype) @ bt
+            if normalize:
+                k /= a.shape[1]
+            block = k if block is None else block.mul_(k)
+        if rows >= n1:
+            return block
+        out[start:start + rows] = block
+    return out
+
+
+def _bias_flags(bias: bool | Sequence[bool] | None, n_layers: int) -> list[bool]:
+    if bias is None or bias is False:
+        return [False] * n_layers
+    if bias is True:
+        return [True] * n_layers
+    flags = [bool(b) for b in bias]
+    if len(flags) != n_layers:
+        raise ValueError(
+            f"bias needs one flag per weight layer of the value network ({n_layers}: one per hidden "
+            f"layer and one for the output layer), got {len(flags)}"
+        )
+    return flags
+
+
+def npk_from_gates(
+    x1: Tensor, gates1: Sequence[Tensor], x2: Tensor | None = None, gates2: Sequence[Tensor] | None = None,
+    *, bias: bool | Sequence[bool] | None = None, normalize: bool = False, chunk_size: int | None = None,
+    dtype: torch.dtype = torch.float64, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """The NPK of a fully connected (gated) network from its inputs and gates: ``(N1, N2)``.
+
+    Without biases (``bias=None``/``False``), Theorem 3.1 of :cite:`lakshminarayanan2022explicitising`:
+    ``NPK(x, x') = <x, x'> * prod_{l=1}^{L-1} K_l(x, x')`` with ``K_l = <G_l(x), G_l(x')>``.
+
+    With biases in the value network (``bias``: one flag per weight layer ``1..L``, or ``True`` for
+    all), the augmented-input convention of :mod:`dualview.paths` adds the bias paths: the bias of
+    layer ``j`` starts paths through hidden layers ``j..L-1``, so
+    ``NPK = <x, x'> prod_{l=1}^{L-1} K_l + sum_{j=1}^{L} b_j prod_{l=j}^{L-1} K_l``,
+    computed by the recursion ``S_0 = <x, x'> + b_1``, ``S_l = S_{l-1} K_l + b_{l+1}``.
+    ``normalize`` divides every ``K_l`` by the width ``w_l``; see :func:`overlap_from_gates` for
+    ``chunk_size`` and ``memory_budget``.
+    """
+    if (x2 is None) != (gates2 is None):
+        raise ValueError("give x2 together with gates2 (or neither, for the Gram matrix of x1)")
+    g1, g2 = _pair(gates1, gates2)
+    x1 = x1.flatten(1)
+    x2 = x1 if x2 is None else x2.flatten(1)
+    if x1.shape[0] != g1[0].shape[0] or x2.shape[0] != g2[0].shape[0]:
+        raise ValueError(
+            f"inputs and gates must have one row per sample: x1 {tuple(x1.shape)} with gates for "
+            f"{g1[0].shape[0]}, x2 {tuple(x2.shape)} with gates for {g2[0].shape[0]}"
+        )
+    if x1.shape[1] != x2.shape[1]:
+        raise ValueError(f"x1 and x2 must have the same number of features, got {x1.shape[1]} and {x2.shape[1]}")
+    flags = _bias_flags(bias, len(g1) + 1)
+    n1, n2 = x1.shape[0], x2.shape[0]
+    rows = _chunked_rows(n1, n2, chunk_size, _itemsize(dtype), 2, memory_budget, "NPK matrix")
+    x2t = x2.to(dtype).T
+    g2t = [b.to(dtype).T for b in g2]
+    out = torch.empty(n1, n2, dtype=dtype, device=x1.device) if rows < n1 else None
+    for start in range(0, n1, rows):
+        block = x1[start:start + rows].to(dtype) @ x2t
+        if flags[0]:
+            block += 1.0
+        for l, (a, bt) in enumerate(zip(g1, g2t)):
+            k = a[start:start + rows].to(dtype) @ bt
+            if normalize:
+                k /= a.shape[1]
+            block.mul_(k)
+            if flags[l + 1]:
+                block += 1.0
+        if rows >= n1:
+            return block
+        out[start:start + rows] = block
+    return out
+
+
+# ==================================================================================================
+# Fully connected networks: the product kernel of Theorem 3.1
+
+
+def _model_bias(layers: list[nn.Linear], bias_paths: bool | None) -> list[bool]:
+    if bias_paths is None:
+        return [lin.bias is not None for lin in layers]
+    if bias_paths:
+        missing = [k + 1 for k, lin in enumerate(layers) if lin.bias is None]
+        if missing:
+            raise ValueError(f"bias_paths=True but weight layers {missing} of the value network have no bias")
+        return [True] * len(layers)
+    return [False] * len(layers)
+
+
+def _fc_pair_gates(model, gating, x1, x2, batch_size):
+    layers = _fc_value_layers(model)
+    source = model if gating is None else gating
+    if gating is not None:
+        glayers = _fc_value_layers(gating)
+        widths = [lin.out_features for lin in layers[:-1]]
+        gwidths = [lin.out_features for lin in glayers[:-1]]
+        if widths != gwidths:
+            raise ValueError(f"the gating network's hidden widths {gwidths} differ from the value network's {widths}")
+    g1 = fc_gates(source, x1, batch_size)
+    g2 = None if x2 is None else fc_gates(source, x2, batch_size)
+    return layers, g1, g2
+
+
+def npk_fc(
+    model: nn.Module, x1: Tensor, x2: Tensor | None = None, *, gating: nn.Module | None = None,
+    bias_paths: bool | None = None, normalize: bool = False, chunk_size: int | None = None,
+    dtype: torch.dtype = torch.float64, batch_size: int = 1000, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """The NPK of a fully connected ReLU network (or of a DGN) on data matrices: ``(N1, N2)``.
+
+    ``model`` is the value network (its depth, widths and biases fix the paths); the gates come from
+    ``gating`` (a DGN's gating network, same hidden widths) or, by default, from ``model`` itself.
+    ``bias_paths=None`` follows the value network's biases, so that for a plain network the result is
+    the Gram matrix of :func:`dualview.paths.neural_path_features`; ``False`` gives Theorem 3.1's
+    product form ``<x, x'> prod_l <G_l(x), G_l(x')>`` over the input paths only. ``x2=None`` gives the
+    Gram matrix of ``x1``. See :func:`npk_from_gates` for the other arguments.
+    """
+    layers, g1, g2 = _fc_pair_gates(model, gating, x1, x2, batch_size)
+    return npk_from_gates(
+        x1, g1, x2, g2, bias=_model_bias(layers, bias_paths), normalize=normalize,
+        chunk_size=chunk_size, dtype=dtype, memory_budget=memory_budget,
+    )
+
+
+def overlap_fc(
+    model: nn.Module, x1: Tensor, x2: Tensor | None = None, *, gating: nn.Module | None = None,
+    normalize: bool = False, chunk_size: int | None = None, dtype: torch.dtype = torch.float64,
+    batch_size: int = 1000, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """``overlap(x, x') = prod_l <G_l(x), G_l(x')>`` of a fully connected network: the NPK without the input term.
+
+    With a constant input ``x = 1`` to the value network (DGN-ALLONES), the NPK is ``d_in`` times this
+    (Section 4 of :cite:`lakshminarayanan2022explicitising`).
+    """
+    _, g1, g2 = _fc_pair_gates(model, gating, x1, x2, batch_size)
+    return overlap_from_gates(g1, g2, normalize=normalize, chunk_size=chunk_size, dtype=dtype,
+                              memory_budget=memory_budget)
+
+
+# ==================================================================================================
+# References: explicit neural path features (tiny networks only)
+
+
+def npf_gram_reference(
+    model: nn.Module, x1: Tensor, x2: Tensor | None = None, input_paths_only: bool = False
+) -> Tensor:
+    """The NPK as the Gram matrix ``phi(x1) phi(x2)^T`` of explicitly enumerated path features.
+
+    Uses :func:`dualview.paths.neural_path_features` (augmented input: bias paths included);
+    ``input_paths_only`` drops the bias paths. Cost and memory grow with the number of paths: tiny
+    networks only. Compute in float64 for exact comparisons.
+    """
+    layers = fc_layers(model)
+    phi1 = neural_path_features(model, x1)
+    phi2 = phi1 if x2 is None else neural_path_features(model, x2)
+    if input_paths_only:
+        keep = path_index(model)[:, 0] < layers[0].in_features
+        phi1, phi2 = phi1[:, keep], phi2[:, keep]
+    return phi1 @ phi2.T
+
+
+def neural_path_features_from_gates_reference(x: Tensor, gates: Sequence[Tensor]) -> Tensor:
+    """Path features of a bias-free gated network fed external gates: a loop over samples and paths.
+
+    ``phi(x)_p = x[p_0] * prod_l gates[l][p_l]`` for every path ``p = (p_0, ..., p_{L-1})``; the
+    gates may come from any network (a DGN's gating network, or permuted layers). ``(N, P)``.
+    """
+    x = x.flatten(1)
+    gates = [g.flatten(1) for g in gates]
+    widths = [x.shape[1]] + [g.shape[1] for g in gates]
+    out = torch.zeros(x.shape[0], math.prod(widths), dtype=x.dtype)
+    for n in range(x.shape[0]):
+        for k, p in enumerate(itertools.product(*[range(w) for w in widths])):
+            feat = float(x[n, p[0]])
+            for l, unit in enumerate(p[1:]):
+                feat *= float(gates[l][n, unit])
+            out[n, k] = feat
+    return out
+
+
+# ==================================================================================================
+# Fixed gates (the value network of a DGN) and the empirical NTK
+
+
+class FixedGates(nn.Module):
+    """A deep gated network with fixed gates: ``value`` run with the gates that ``gating`` computes.
+
+    ``forward(x)`` records the gates (and max-pool winners) of ``gating`` on ``x`` without gradients
+    and runs ``value`` with them imposed (every ReLU of ``value`` becomes a GaLU), as in the DGN of
+    :cite:`lakshminarayanan2020neural` (Section 2 of :cite:`lakshminarayanan2022explicitising`).
+    Both networks need the same architecture (the same ReLU calls). ``value_input="ones"`` feeds the
+    value network a constant all-ones input (DGN-ALLONES). ``gating`` always stays in eval mode; only
+    ``value`` is meant to be trained (``value.parameters()``, or parameter names starting ``"value."``).
+    """
+
+    def __init__(self, value: nn.Module, gating: nn.Module, value_input: str = "x") -> None:
+        super().__init__()
+        if value_input not in ("x", "ones"):
+            raise ValueError(f"value_input must be 'x' or 'ones', got {value_input!r}")
+        check_supported(value)
+        self.value = value
+        self.gating = gating.eval()
+        self.value_input = value_input
+
+    def train(self, mode: bool = True) -> FixedGates:
+        super().train(mode)
+        self.gating.eval()
+        return self
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            rec = record_gates(self.gating, x)
+        xv = torch.ones_like(x) if self.value_input == "ones" else x
+        return run_with_gates(self.value, xv, rec.gates, rec.pool_indices or None)
+
+
+def sign_init_(model: nn.Module, sigma: float | Sequence[float], generator: torch.Generator | None = None) -> nn.Module:
+    """Draw every weight of the Linear layers iid from ``{-sigma_l, +sigma_l}`` and zero the biases.
+
+    Assumption 2.1 of :cite:`lakshminarayanan2022disentangling` (Assumption F.1 of
+    :cite:`lakshminarayanan2022explicitising`), with one ``sigma`` for all layers or one per layer.
+    Changes ``model`` in place and returns it.
+    """
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    sigmas = [float(sigma)] * len(layers) if isinstance(sigma, (int, float)) else [float(s) for s in sigma]
+    if len(sigmas) != len(layers):
+        raise ValueError(f"need one sigma per Linear layer ({len(layers)}), got {len(sigmas)}")
+    if any(s <= 0 for s in sigmas):
+        raise ValueError(f"sigma must be positive, got {sigmas}")
+    with torch.no_grad():
+        for lin, s in zip(layers, sigmas):
+            signs = torch.randint(0, 2, lin.weight.shape, generator=generator).to(lin.weight) * 2 - 1
+            lin.weight.copy_(s * signs)
+            if lin.bias is not None:
+                lin.bias.zero_()
+    return model
+
+
+def ntk_npk_constant(sigmas: Sequence[float]) -> float:
+    """The constant ``c`` of ``E[NTK_value] = c * NPK`` for value weights drawn from ``{-sigma_l, +sigma_l}``.
+
+    For a path ``p`` of ``d`` weights, ``sum_theta (dv_p / dtheta)^2 = sum_l prod_{k != l} sigma_k^2``;
+    cross terms between paths vanish in expectation. With one ``sigma`` for all ``d`` layers this is
+    ``d * sigma^(2(d-1))`` (Theorem 2.1 of :cite:`lakshminarayanan2022disentangling`, Section 2 of
+    :cite:`lakshminarayanan2022explicitising`).
+    """
+    s2 = [float(s) ** 2 for s in sigmas]
+    if not s2 or any(v <= 0 for v in s2):
+        raise ValueError(f"need one positive sigma per weight layer, got {list(sigmas)}")
+    return sum(math.prod(s2[:l] + s2[l + 1:]) for l in range(len(s2)))
+
+
+def _select_params(model: nn.Module, params) -> list[str]:
+    names = [n for n, p in model.named_parameters()]
+    if params is None:
+        chosen = [n for n, p in model.named_parameters() if p.requires_grad]
+    elif isinstance(params, str):
+        chosen = [n for n in names if n == params or n.startswith(params.rstrip(".") + ".")]
+    elif callable(params):
+        chosen = [n for n in names if params(n)]
+    else:
+        chosen = list(params)
+        unknown = [n for n in chosen if n not in names]
+        if unknown:
+            raise KeyError(f"the model has no parameters {unknown}; its parameters are {names}")
+    if not chosen:
+        raise ValueError(f"no parameters selected by params={params!r}; the model's parameters are {names}")
+    return chosen
+
+
+def empirical_ntk(
+    model: nn.Module, x1: Tensor, x2: Tensor | None = None, *,
+    params: str | Iterable[str] | Callable[[str], bool] | None = None, output: int | str | None = None,
+    chunk_size: int = 64, memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """The empirical neural tangent kernel ``<d f(x)/d theta, d f(x')/d theta>`` :cite:`jacot2018neural`.
+
+    Per-sample Jacobians with ``torch.func`` (``vmap`` over samples of ``jacrev`` of a
+    ``functional_call``), ``chunk_size`` samples at a time, contracted block by block. ``params``
+    selects the parameters ``theta``: ``None`` (all that require grad), a name prefix (``"value"``
+    for the value network of a :class:`FixedGates`), a list of names, or a predicate on names; the
+    others are held fixed. ``output``: for a single-output model ``None``; otherwise an output index,
+    ``"trace"`` (sum over outputs of the diagonal blocks) or ``"full"`` (``(N1, N2, C, C)``). The
+    Jacobians of ``x2`` are kept if they fit in ``memory_budget`` bytes, else recomputed per block.
+    Returns ``(N1, N2)`` in the model's dtype.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    names = _select_params(model, params)
+    all_params = dict(model.named_parameters())
+    chosen = {n: all_params[n].detach() for n in names}
+    fixed = {n: p.detach() for n, p in all_params.items() if n not in chosen}
+    fixed.update({n: b for n, b in model.named_buffers()})
+    n_params = sum(p.numel() for p in chosen.values())
+
+    def f(p, xi):
+        return functional_call(model, {**p, **fixed}, (xi.unsqueeze(0),)).reshape(-1)
+
+    jac = vmap(jacrev(f), in_dims=(None, 0))
+    with torch.no_grad():
+        n_out = f(chosen, x1[0]).numel()
+    if output is None and n_out != 1:
+        raise ValueError(
+            f"the model has {n_out} outputs: choose output=<index>, output='trace' or output='full'"
+        )
+    if isinstance(output, int) and not isinstance(output, bool):
+        if not -n_out <= output < n_out:
+            raise ValueError(f"output={output} but the model has {n_out} outputs")
+        output = output % n_out
+    if output not in (None, "trace", "full") and not isinstance(output, int):
+        raise ValueError(f"output must be None, an int, 'trace' or 'full', got {output!r}")
+
+    def jacobian(x: Tensor) -> Tensor:
+        blocks = []
+        for chunk in x.split(chunk_size):
+            J = jac(chosen, chunk)
+            Jf = torch.cat([J[n].flatten(2) for n in names], dim=2)  # (B, C, P)
+            if isinstance(output, int):
+                Jf = Jf[:, output:output + 1]
+            blocks.append(Jf)
+        return torch.cat(blocks)
+
+    itemsize = _itemsize(next(iter(chosen.values())).dtype)
+    per_sample = n_out * n_params * itemsize
+    _check_budget(2 * chunk_size * per_sample, memory_budget, f"Jacobians of {chunk_size} samples "
+                  f"({n_params:,} parameters, {n_out} outputs)", "Use a smaller chunk_size.")
+    same = x2 is None
+    x2 = x1 if same else x2
+    n1, n2 = x1.shape[0], x2.shape[0]
+    keep_j2 = n2 * per_sample <= memory_budget
+    J2 = jacobian(x2) if keep_j2 else None
+    rows = []
+    for c1 in x1.split(chunk_size):
+        J1 = jacobian(c1)
+        if J2 is not None:
+            J2_blocks = [J2]
+        else:
+            J2_blocks = (jacobian(c2) for c2 in x2.split(chunk_size))
+        cols = []
+        for J2b in J2_blocks:
+            if output == "full":
+                cols.append(torch.einsum("icp,jdp->ijcd", J1, J2b))
+            else:
+                cols.append(torch.einsum("icp,jcp->ij", J1, J2b))
+        rows.append(torch.cat(cols, dim=1))
+    return torch.cat(rows, dim=0)
+
+
+def empirical_ntk_reference(
+    model: nn.Module, x1: Tensor, x2: Tensor | None = None, *,
+    params: str | Iterable[str] | Callable[[str], bool] | None = None, output: int | str | None = None,
+) -> Tensor:
+    """Reference for :func:`empirical_ntk`: one ``torch.autograd.grad`` per sample and output, a loop over pairs."""
+    names = _select_params(model, params)
+    plist = [dict(model.named_parameters())[n] for n in names]
+    x2 = x1 if x2 is None else x2
+
+    def grads(x: Tensor) -> list[Tensor]:  # per sample: (C, P)
+        out = []
+        for n in range(x.shape[0]):
+            y = model(x[n:n + 1]).reshape(-1)
+            rows = []
+            for c in range(y.numel()):
+                g = torch.autograd.grad(y[c], plist, retain_graph=True, allow_unused=True)
+                rows.append(torch.cat([(gi if gi is not None else torch.zeros_like(p)).flatten()
+                                       for gi, p in zip(g, plist)]))
+            out.append(torch.stack(rows))
+        return out
+
+    G1, G2 = grads(x1), grads(x2)
+    C = G1[0].shape[0]
+    if output == "full":
+        K = torch.zeros(len(G1), len(G2), C, C, dtype=G1[0].dtype)
+    else:
+        K = torch.zeros(len(G1), len(G2), dtype=G1[0].dtype)
+    for i, a in enumerate(G1):
+        for j, b in enumerate(G2):
+            if output == "full":
+                K[i, j] = a @ b.T
+            elif output == "trace" or (output is None and C == 1):
+                K[i, j] = (a * b).sum()
+            else:
+                K[i, j] = a[output] @ b[output]
+    return K.detach()
+
+
+def relative_deviation(a: Tensor, b: Tensor) -> float:
+    """``||a - b||_F / ||b||_F``: how far a kernel matrix ``a`` is from ``b``."""
+    if a.shape != b.shape:
+        raise ValueError(f"kernel matrices of different shapes: {tuple(a.shape)} and {tuple(b.shape)}")
+    return float(torch.linalg.norm((a - b).double()) / torch.linalg.norm(b.double()))
+
+
+# ==================================================================================================
+# Kernel methods
+
+
+def normalize_kernel(K: Tensor, diag1: Tensor, diag2: Tensor | None = None) -> Tensor:
+    """Cosine normalisation ``K(x, x') / sqrt(K(x, x) K(x', x'))`` (``diag2`` defaults to ``diag1``)."""
+    diag2 = diag1 if diag2 is None else diag2
+    if K.shape != (diag1.numel(), diag2.numel()):
+        raise ValueError(f"K has shape {tuple(K.shape)} but the diagonals have {diag1.numel()} and {diag2.numel()} entries")
+    if bool((diag1 <= 0).any()) or bool((diag2 <= 0).any()):
+        raise ValueError("a kernel diagonal entry is <= 0 (an input with no active path?): cannot normalise")
+    return K / torch.sqrt(diag1.reshape(-1, 1) * diag2.reshape(1, -1))
+
+
+@dataclass
+class KernelRidgeResult:
+    """Predicted labels and scores of a kernel ridge classifier."""
+
+    predictions: Tensor
+    scores: Tensor
+
+
+def kernel_ridge_classify(
+    K_train: Tensor, y_train: Tensor, K_test: Tensor, ridge: float = 1e-3, num_classes: int | None = None
+) -> KernelRidgeResult:
+    """Kernel ridge regression on centred one-hot targets, then the arg-max class.
+
+    ``K_train`` is ``(N, N)`` on the training inputs, ``K_test`` ``(M, N)`` between test and training
+    inputs. ``ridge`` is relative to the mean of ``K_train``'s diagonal. Solved in float64 with a
+    Cholesky factorisation.
+    """
+    n = K_train.shape[0]
+    if K_train.shape != (n, n) or K_test.dim() != 2 or K_test.shape[1] != n or y_train.shape != (n,):
+        raise ValueError(
+            f"need K_train (N, N), y_train (N,), K_test (M, N); got {tuple(K_train.shape)}, "
+            f"{tuple(y_train.shape)}, {tuple(K_test.shape)}"
+        )
+    if ridge < 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge}")
+    C = int(num_classes or int(y_train.max()) + 1)
+    K = K_train.double()
+    Y = torch.nn.functional.one_hot(y_train.long(), C).double() - 1.0 / C
+    lam = ridge * K.diagonal().mean()
+    L = torch.linalg.cholesky(K + lam * torch.eye(n, dtype=K.dtype, device=K.device))
+    alpha = torch.cholesky_solve(Y.to(K.device), L)
+    scores = K_test.double() @ alpha
+    return KernelRidgeResult(predictions=scores.argmax(1), scores=scores)

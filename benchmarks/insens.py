@@ -7,9 +7,8 @@ over the input basis for |w_i|^2, one backward pass for Omega). Goals (issue 7):
 
     DUALVIEW_DATA=/work/shared/data python benchmarks/insens.py [--index 0] [--repeats 5]
 
-Times are CPU-process times divided by the number of threads used would be fairer on a shared
-machine; we report wall-clock seconds of the best of ``--repeats`` runs for ours (one run for the
-reference, which takes minutes) and the process CPU seconds next to them.
+Reported: wall-clock seconds (best of ``--repeats`` runs for ours, one run for the reference,
+which takes minutes) and, next to them, process CPU seconds, the fairer measure on a shared machine.
 """
 from __future__ import annotations
 

@@ -1,0 +1,388 @@
+"""Switched linear projections and inactive state sensitivity (Insens).
+
+For an input ``x``, freeze every gate of a ReLU network (and every max-pool winner) at its value for
+``x``. What remains is the *active sub-network*, an affine map, so every hidden neuron ``i`` computes
+
+    q_i(x) = <x, w_i> + b_i                                   (Theorem 1 / Eq. 2 of the paper)
+
+with the *switched weight* ``w_i = dq_i/dx`` and the *switched bias* ``b_i`` (written ŵ, b̂ in the
+book; the paper calls the pre-activation ``q`` the neuron's *activity* ``v``)
+:cite:`szymanski2020switched`. From them:
+
+* the *switched centre* ``c_i = x - q_i w_i / |w_i|^2`` (Eq. 6), the point of the neuron's
+  switching hyperplane nearest to ``x``;
+* the *decomposition* ``q_i = sum_j (x_j - c_ij) w_ij`` (Eq. 4-5);
+* the *inactive state sensitivity* ``Omega(x) = mean_{i inactive} q_i w_i / |w_i|^2`` (Eq. 7-8),
+  averaged over the hidden neurons with ``q_i <= 0``.
+
+Computation. The switched bias is the frozen network's pre-activation at input 0, and the
+switched weights are its Jacobian: one forward-mode (dual-number) pass through the frozen network
+(:func:`dualview.gates.run_with_gates`) per chunk of input basis vectors gives, for every hidden
+neuron at once, one input coordinate of its switched weight. :func:`insens` needs only the squared
+norms ``|w_i|^2`` (accumulated chunk by chunk, never holding more than one chunk of the Jacobian) and
+then one reverse-mode pass, since ``Omega = J^T a`` with ``a_i = q_i / |w_i|^2 / |I|`` on inactive
+neurons. ``*_reference`` functions do the same with one autograd backward per neuron.
+
+Neurons. The hidden neurons are the units of every ReLU call, in the order
+:func:`dualview.gates.record_gates` names them. A max-pool output is a copy of its window's winner,
+not a neuron of its own, so it is never counted twice; this is the paper's exclusion of max-pool
+winners from Eq. 8. Output units (no ReLU) are not hidden neurons.
+
+Cut-off neurons. A neuron whose every path to the input is switched off has ``w_i = 0``: its
+pre-activation is the constant ``b_i`` near ``x``, it has no centre and no sensitivity. We mark it
+(``cut_off``), give it a NaN centre and a zero ``omega``, and leave it out of the Insens average
+(``InsensResult.n_cut_off`` counts them). Its decomposition is all zeros, so Eq. 5 holds for it only
+when ``q_i = 0``.
+
+Limitation: an in-place ``nn.ReLU(inplace=True)`` whose *input* tensor is read again later in
+``forward`` (e.g. ``self.relu(x) + x``) changes that tensor inside the frozen network too, with the
+gates of the frozen pass rather than ``x``'s; such models give wrong switched weights. In-place
+ReLUs whose input is not reused (the usual ``out = self.relu(out)``) are fine.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from dualview.gates import record_gates, run_with_gates
+
+__all__ = [
+    "SwitchedProjections",
+    "InsensResult",
+    "frozen_preactivations",
+    "switched_projections",
+    "switched_projections_reference",
+    "insens",
+    "insens_reference",
+    "active_neuron_share",
+]
+
+
+# --------------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class SwitchedProjections:
+    """Switched weights and biases of the hidden neurons of a network, for a batch of inputs.
+
+    Neurons of all selected layers are concatenated along dimension 1 in forward order;
+    ``slices[name]`` gives each layer's range and ``shapes[name]`` its unit shape (e.g. ``(C, H, W)``).
+    Shapes: ``x (N, d)``, ``preactivation (N, U)``, ``weight (N, U, d)``, ``bias (N, U)``, with
+    ``d`` the number of input coordinates; ``input_shape`` restores an image.
+    """
+
+    x: Tensor
+    preactivation: Tensor
+    weight: Tensor
+    bias: Tensor
+    slices: dict[str, slice]
+    shapes: dict[str, tuple[int, ...]]
+    input_shape: tuple[int, ...]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.slices)
+
+    @property
+    def sq_norm(self) -> Tensor:
+        """``|w_i|^2`` per input and neuron, ``(N, U)``."""
+        return self.weight.square().sum(-1)
+
+    @property
+    def cut_off(self) -> Tensor:
+        """Neurons with ``w_i = 0`` (no active path to the input), ``(N, U)`` bool."""
+        return self.sq_norm <= torch.finfo(self.weight.dtype).tiny
+
+    @property
+    def active(self) -> Tensor:
+        """Gates: ``q_i > 0``, ``(N, U)`` bool."""
+        return self.preactivation > 0
+
+    def omega(self) -> Tensor:
+        """Per-neuron sensitivity ``omega_i = x - c_i = q_i w_i / |w_i|^2`` (Eq. 7), zero if cut off."""
+        coef = self.preactivation / self.sq_norm
+        coef = torch.where(self.cut_off, torch.zeros_like(coef), coef)
+        return coef.unsqueeze(-1) * self.weight
+
+    def centre(self) -> Tensor:
+        """Switched centres ``c_i = x - q_i w_i / |w_i|^2`` (Eq. 6), ``(N, U, d)``; NaN if cut off."""
+        c = self.x.unsqueeze(1) - self.omega()
+        return c.masked_fill(self.cut_off.unsqueeze(-1), math.nan)
+
+    def decomposition(self) -> Tensor:
+        """Contributions ``(x_j - c_ij) w_ij`` of every input coordinate (Eq. 5), ``(N, U, d)``.
+
+        They sum over ``j`` to ``q_i`` for every neuron that is not cut off (zeros for those).
+        """
+        return self.omega() * self.weight
+
+    def layer(self, name: str, tensor: Tensor) -> Tensor:
+        """The part of a per-neuron tensor (``(N, U, ...)``) for layer ``name``, in its unit shape."""
+        if name not in self.slices:
+            raise KeyError(f"no layer {name!r}; layers: {self.names}")
+        part = tensor[:, self.slices[name]]
+        return part.reshape(part.shape[0], *self.shapes[name], *part.shape[2:])
+
+
+@dataclass
+class InsensResult:
+    """Insens maps and the counts behind them.
+
+    ``omega``: ``(N, *input_shape)`` (Eq. 8); ``n_inactive``: inactive, not cut-off neurons averaged
+    per input, ``(N,)``; ``n_cut_off``: inactive neurons left out because ``w_i = 0``; ``n_hidden``:
+    hidden neurons per input.
+    """
+
+    omega: Tensor
+    n_inactive: Tensor
+    n_cut_off: Tensor
+    n_hidden: int
+
+    @property
+    def active_share(self) -> Tensor:
+        """Share of hidden neurons with ``q > 0`` per input, ``(N,)``."""
+        return 1 - (self.n_inactive + self.n_cut_off).double() / self.n_hidden
+
+
+# --------------------------------------------------------------------------------------------------
+# The frozen network and its pre-activations
+
+
+def _check(model: nn.Module, x: Tensor) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    if not isinstance(x, Tensor) or not x.is_floating_point():
+        raise TypeError(f"expected a floating-point tensor input, got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() < 2 or x.shape[0] == 0:
+        raise ValueError(
+            f"expected a non-empty batch (N, ...) of inputs, got shape {tuple(x.shape)}; "
+            "use x.unsqueeze(0) for a single input"
+        )
+
+
+def frozen_preactivations(
+    model: nn.Module, z: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """Pre-activations of every ReLU call when ``model`` runs on ``z`` with the given gates frozen.
+
+    This is the active sub-network (:func:`dualview.gates.run_with_gates`) read at every hidden
+    layer: an affine function of ``z`` for fixed gates; at ``z = x`` with ``x``'s own gates it
+    equals ``record_gates(model, x).preactivations``. Names follow :func:`record_gates`.
+    """
+    captured: dict[str, Tensor] = {}
+    calls: Counter[str] = Counter()
+    handles = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ReLU):
+            label = name or "<model>"
+
+            def pre(mod, args, label=label):
+                k = calls[label]
+                calls[label] += 1
+                q = args[0]
+                captured[label if k == 0 else f"{label}#{k}"] = q.clone() if mod.inplace else q
+
+            handles.append(module.register_forward_pre_hook(pre))
+    try:
+        run_with_gates(model, z, gates, pool_indices)
+    finally:
+        for h in handles:
+            h.remove()
+    return captured
+
+
+def _select(names: list[str], layers: list[str] | None) -> list[str]:
+    if layers is None:
+        return names
+    unknown = [n for n in layers if n not in names]
+    if unknown:
+        raise KeyError(f"unknown layer(s) {unknown}; the ReLU calls of this model are {names}")
+    return [n for n in names if n in layers]
+
+
+def _jacobian_chunks(model, x, rec, names, chunk_size):
+    """Yield ``(coordinates, {layer: (k, N, U_l) Jacobian columns})`` for chunks of ``k`` input
+    coordinates, all inputs at once: ``vmap`` of a forward-mode ``jvp`` of the frozen network at
+    input 0 over the input basis vectors (the primal pass runs once per chunk, not once per vector)."""
+    n, d = x.shape[0], x[0].numel()
+    k = max(1, chunk_size // n)
+    zero = torch.zeros_like(x)
+
+    def frozen(z):
+        q = frozen_preactivations(model, z, rec.gates, rec.pool_indices)
+        return tuple(q[name].flatten(1) for name in names)
+
+    def column(tangent):
+        return torch.func.jvp(frozen, (zero,), (tangent,))[1]
+
+    for coord in torch.arange(d, device=x.device).split(k):
+        basis = torch.zeros(len(coord), d, dtype=x.dtype, device=x.device)
+        basis[torch.arange(len(coord), device=x.device), coord] = 1
+        tangents = basis[:, None, :].expand(len(coord), n, d).reshape(len(coord), *x.shape)
+        cols = torch.func.vmap(column)(tangents)
+        yield coord, dict(zip(names, cols))
+
+
+def _default_chunk(x: Tensor) -> int:
+    """(input, coordinate) pairs per pass: 1024 (all 784 pixels of one MNIST digit at once)."""
+    return 1024
+
+
+def switched_projections(
+    model: nn.Module, x: Tensor, layers: list[str] | None = None, chunk_size: int | None = None
+) -> SwitchedProjections:
+    """Switched weights ``w = dq/dx`` and biases ``b`` of every hidden neuron (Theorem 1), all at once.
+
+    ``layers`` restricts the result to some ReLU calls (names as in :func:`record_gates`);
+    ``chunk_size`` bounds how many (input, coordinate) pairs one forward-mode pass carries (memory
+    grows with it). The result holds ``N * U * d`` numbers: select layers for big networks.
+    """
+    _check(model, x)
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size}")
+    with torch.no_grad():
+        rec = record_gates(model, x)
+    names = _select(rec.names, layers)
+    if not names:
+        raise ValueError("the model has no ReLU, so it has no hidden neurons to project")
+    n, d = x.shape[0], x[0].numel()
+    q = {k: rec.preactivations[k].flatten(1) for k in names}
+    sizes = [q[k].shape[1] for k in names]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    slices = {k: slice(s, s + u) for k, s, u in zip(names, starts, sizes)}
+    weight = x.new_zeros(n, sum(sizes), d)
+    with torch.no_grad():
+        for coord, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):
+            weight[:, :, coord] = torch.cat([cols[k] for k in names], 2).permute(1, 2, 0)
+        # the switched bias is the frozen network at input 0: one plain forward pass
+        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices)
+    bias = torch.cat([q0[k].flatten(1) for k in names], 1)
+    return SwitchedProjections(
+        x=x.detach().flatten(1), preactivation=torch.cat([q[k] for k in names], 1), weight=weight, bias=bias,
+        slices=slices, shapes={k: tuple(rec.preactivations[k].shape[1:]) for k in names},
+        input_shape=tuple(x.shape[1:]),
+    )
+
+
+def switched_projections_reference(
+    model: nn.Module, x: Tensor, layers: list[str] | None = None
+) -> SwitchedProjections:
+    """Slow reference: one autograd backward per input and neuron through the real network.
+
+    ``w_i = dq_i/dx`` from :func:`record_gates` and ``b_i = q_i - <x, w_i>`` (Theorem 1, Eq. 2).
+    """
+    _check(model, x)
+    xg = x.detach().clone().requires_grad_(True)
+    rec = record_gates(model, xg)
+    names = _select(rec.names, layers)
+    q = torch.cat([rec.preactivations[k].flatten(1) for k in names], 1)
+    n, u = q.shape
+    weight = x.new_zeros(n, u, x[0].numel())
+    for s in range(n):
+        for i in range(u):
+            (g,) = torch.autograd.grad(q[s, i], xg, retain_graph=True, allow_unused=True)
+            if g is not None:
+                weight[s, i] = g[s].flatten()
+    q = q.detach()
+    bias = q - torch.einsum("nud,nd->nu", weight, x.detach().flatten(1))
+    sizes = [rec.preactivations[k][0].numel() for k in names]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return SwitchedProjections(
+        x=x.detach().flatten(1), preactivation=q, weight=weight, bias=bias,
+        slices={k: slice(s, s + m) for k, s, m in zip(names, starts, sizes)},
+        shapes={k: tuple(rec.preactivations[k].shape[1:]) for k in names}, input_shape=tuple(x.shape[1:]),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Insens
+
+
+def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None) -> InsensResult:
+    """Inactive state sensitivity ``Omega(x) = mean_{i: q_i <= 0} q_i w_i / |w_i|^2`` (Eq. 7-8).
+
+    Two passes, never holding more than ``chunk_size`` columns of the Jacobian: forward mode
+    through the frozen network accumulates ``|w_i|^2`` for every hidden neuron; then one backward
+    pass computes ``Omega = J^T a`` with ``a_i = q_i / |w_i|^2 / |I|`` on the inactive neurons ``I``
+    (``w_i = 0`` neurons are left out, see the module docstring). Vectorised over the batch.
+    """
+    _check(model, x)
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size}")
+    x = x.detach()
+    with torch.no_grad():
+        rec = record_gates(model, x)
+    names = rec.names
+    if not names:
+        raise ValueError("the model has no ReLU, so it has no hidden neurons to take Insens over")
+    n = x.shape[0]
+    sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
+    with torch.no_grad():
+        for _, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):
+            for k in names:
+                sq[k] += cols[k].square().sum(0)
+    tiny = torch.finfo(x.dtype).tiny
+    q = {k: rec.preactivations[k].flatten(1) for k in names}
+    inactive = {k: (q[k] <= 0) & (sq[k] > tiny) for k in names}
+    cut = {k: (q[k] <= 0) & (sq[k] <= tiny) for k in names}
+    n_inactive = sum(m.sum(1) for m in inactive.values())
+    n_cut = sum(m.sum(1) for m in cut.values())
+    denom = n_inactive.clamp_min(1).to(x.dtype)
+    coef = {
+        k: torch.where(inactive[k], q[k] / sq[k].clamp_min(tiny), torch.zeros_like(q[k])) / denom[:, None]
+        for k in names
+    }
+    z = x.clone().requires_grad_(True)
+    with torch.enable_grad():
+        qz = frozen_preactivations(model, z, rec.gates, rec.pool_indices)
+        total = sum((qz[k].flatten(1) * coef[k]).sum() for k in names)
+        (omega,) = torch.autograd.grad(total, z)
+    return InsensResult(
+        omega=omega, n_inactive=n_inactive.cpu(), n_cut_off=n_cut.cpu(),
+        n_hidden=sum(v.shape[1] for v in q.values()),
+    )
+
+
+def insens_reference(model: nn.Module, x: Tensor) -> InsensResult:
+    """Slow reference: Eq. 7-8 written out, looping over inputs and inactive neurons of
+    :func:`switched_projections_reference`."""
+    p = switched_projections_reference(model, x)
+    n, u = p.preactivation.shape
+    omega = torch.zeros_like(p.x)
+    n_inactive = torch.zeros(n, dtype=torch.long)
+    n_cut = torch.zeros(n, dtype=torch.long)
+    for s in range(n):
+        for i in range(u):
+            q, w = p.preactivation[s, i], p.weight[s, i]
+            if q > 0:
+                continue
+            if float(w @ w) <= torch.finfo(w.dtype).tiny:
+                n_cut[s] += 1
+                continue
+            omega[s] += q * w / (w @ w)
+            n_inactive[s] += 1
+        omega[s] /= max(int(n_inactive[s]), 1)
+    return InsensResult(omega.view(n, *p.input_shape), n_inactive, n_cut, u)
+
+
+def active_neuron_share(model: nn.Module, x: Tensor, batch_size: int = 500) -> Tensor:
+    """Per input, the share of all hidden neurons (units of every ReLU call) with ``q > 0`` (Table 3).
+
+    Processes ``x`` in chunks of ``batch_size``; returns a ``(N,)`` float64 tensor.
+    """
+    _check(model, x)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    parts = []
+    with torch.no_grad():
+        for chunk in x.split(batch_size):
+            rec = record_gates(model, chunk)
+            on = sum((q > 0).flatten(1).sum(1) for q in rec.preactivations.values())
+            total = sum(q[0].numel() for q in rec.preactivations.values())
+            parts.append(on.double().cpu() / total)
+    return torch.cat(parts)

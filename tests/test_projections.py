@@ -1,0 +1,199 @@
+"""Switched linear projections and Insens: Theorem 1, the fast sweeps against the per-neuron
+references, Eq. 4-8, cut-off neurons and every documented bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from dualview import projections as P
+from dualview.gates import UnsupportedLayerError
+
+
+def fc_net(widths=(6, 5, 4)) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in zip(widths[:-2], widths[1:-1]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(widths[-2], widths[-1]))
+    return nn.Sequential(*layers).double()
+
+
+def conv_net(pool: str = "max") -> nn.Module:
+    pool_layer = nn.MaxPool2d(2) if pool == "max" else nn.AvgPool2d(2)
+    net = nn.Sequential(
+        nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), pool_layer,
+        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True), nn.Flatten(),
+        nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3),
+    ).double()
+    with torch.no_grad():  # a BatchNorm with non-trivial statistics, in eval mode
+        net[1].running_mean.uniform_(-0.5, 0.5)
+        net[1].running_var.uniform_(0.5, 2.0)
+        net[1].weight.uniform_(0.5, 1.5)
+        net[1].bias.uniform_(-0.3, 0.3)
+    return net.eval()
+
+
+def theorem1_error(p: P.SwitchedProjections) -> float:
+    return (torch.einsum("nud,nd->nu", p.weight, p.x) + p.bias - p.preactivation).abs().max().item()
+
+
+NETS = {"fc": (lambda: fc_net(), (6,)), "conv-max": (lambda: conv_net("max"), (2, 6, 6)),
+        "conv-avg": (lambda: conv_net("avg"), (2, 6, 6))}
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 3), kind=st.sampled_from(sorted(NETS)))
+def test_theorem1_and_fast_equals_reference_on_random_nets(seed, n, kind):
+    torch.manual_seed(seed)
+    make, shape = NETS[kind]
+    net = make()
+    x = torch.randn(n, *shape, dtype=torch.float64)
+    fast = P.switched_projections(net, x, chunk_size=40)
+    ref = P.switched_projections_reference(net, x)
+    assert theorem1_error(fast) < 1e-12
+    torch.testing.assert_close(fast.weight, ref.weight, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fast.bias, ref.bias, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(fast.preactivation, ref.preactivation)
+    assert fast.slices == ref.slices and fast.shapes == ref.shapes
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10_000), kind=st.sampled_from(sorted(NETS)), chunk=st.integers(24, 240))
+def test_insens_equals_direct_eq8(seed, kind, chunk):
+    torch.manual_seed(seed)
+    make, shape = NETS[kind]
+    net = make()
+    x = torch.randn(3, *shape, dtype=torch.float64)
+    fast = P.insens(net, x, chunk_size=chunk)
+    ref = P.insens_reference(net, x)
+    torch.testing.assert_close(fast.omega, ref.omega, rtol=1e-10, atol=1e-12)
+    assert torch.equal(fast.n_inactive, ref.n_inactive) and torch.equal(fast.n_cut_off, ref.n_cut_off)
+    assert fast.n_hidden == ref.n_hidden
+    # and from the materialised projections: Eq. 7 per neuron, then the mean of Eq. 8
+    p = P.switched_projections(net, x)
+    keep = (~p.active & ~p.cut_off).unsqueeze(-1)
+    direct = (p.omega() * keep).sum(1) / keep.sum(1).clamp_min(1)
+    torch.testing.assert_close(fast.omega.flatten(1), direct, rtol=1e-10, atol=1e-12)
+
+
+def test_decomposition_and_centre_on_real_digits(digits_small):
+    torch.manual_seed(0)
+    x, _ = digits_small
+    net = fc_net((64, 16, 12, 10))
+    p = P.switched_projections(net, x[:10])
+    assert theorem1_error(p) < 1e-12
+    ok = ~p.cut_off
+    torch.testing.assert_close(p.decomposition().sum(-1)[ok], p.preactivation[ok])  # Eq. 5
+    c = p.centre()
+    on_plane = torch.einsum("nud,nud->nu", c, p.weight) + p.bias  # the centre is a root: <c, w> + b = 0
+    assert on_plane[ok].abs().max() < 1e-10
+    torch.testing.assert_close(p.x.unsqueeze(1) - c, p.omega(), equal_nan=True)  # Eq. 7: omega = x - c
+    ref = P.switched_projections_reference(net, x[:3])
+    torch.testing.assert_close(p.weight[:3], ref.weight)
+
+
+def test_cut_off_neurons_are_marked_and_left_out():
+    net = fc_net((3, 2, 2, 2))
+    with torch.no_grad():
+        net[1].weight.copy_(torch.tensor([[1.0, 0, 0], [0, 1.0, 0]]))
+        net[1].bias.fill_(-10.0)  # both first-layer units off for small inputs
+        net[3].bias.copy_(torch.tensor([-1.0, 2.0]))
+    x = torch.randn(4, 3, dtype=torch.float64)
+    p = P.switched_projections(net, x)
+    second = p.layer("4", p.cut_off)
+    assert second.all() and not p.layer("2", p.cut_off).any()
+    assert p.layer("4", p.centre()).isnan().all()
+    assert (p.layer("4", p.omega()) == 0).all()
+    torch.testing.assert_close(p.layer("4", p.preactivation), torch.tensor([[-1.0, 2.0]] * 4, dtype=torch.float64))
+    r = P.insens(net, x)
+    assert r.n_cut_off.tolist() == [1] * 4  # the inactive cut-off neuron (q = -1); the active one is not counted
+    assert r.n_inactive.tolist() == [2] * 4
+    ref = P.insens_reference(net, x)
+    torch.testing.assert_close(r.omega, ref.omega)
+    assert torch.equal(r.n_cut_off, ref.n_cut_off)
+    # first layer only: omega_i = q_i w_i / |w_i|^2 = (x_i - 10) e_i, averaged over 2 neurons
+    expected = torch.stack([(x[:, 0] - 10) / 2, (x[:, 1] - 10) / 2, torch.zeros(4, dtype=torch.float64)], 1)
+    torch.testing.assert_close(r.omega, expected)
+
+
+def test_residual_network_and_reused_relu():
+    class Block(nn.Module):
+        """One ReLU module called twice (as torchvision's ResNet blocks do) and an in-place ReLU
+        whose input is not read again."""
+
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.relu = nn.ReLU()
+            self.relu_inplace = nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            return self.b(self.relu_inplace(self.a(self.relu(x)) + x)) + self.relu(x)
+
+    torch.manual_seed(3)
+    net = nn.Sequential(nn.Linear(3, 4), Block(), nn.ReLU(), nn.Linear(4, 2)).double()
+    x = torch.randn(5, 3, dtype=torch.float64)
+    fast = P.switched_projections(net, x)
+    ref = P.switched_projections_reference(net, x)
+    assert fast.names == ["1.relu", "1.relu_inplace", "1.relu#1", "2"]
+    torch.testing.assert_close(fast.weight, ref.weight)
+    assert theorem1_error(fast) < 1e-12
+    torch.testing.assert_close(P.insens(net, x).omega, P.insens_reference(net, x).omega)
+
+
+@pytest.fixture(scope="module")
+def mnist_cnn_and_digits():
+    from dualview import data, zoo
+
+    try:
+        model = zoo.load_pretrained("mnist-cnn-20-50-500", download=False)
+        x = data.load_mnist("test", download=False).x[:2]
+    except FileNotFoundError as err:
+        pytest.skip(f"offline data not available: {err}")
+    return model, x
+
+
+def test_theorem1_on_pretrained_cnn(mnist_cnn_and_digits):
+    model, x = mnist_cnn_and_digits
+    p = P.switched_projections(model, x)
+    assert p.weight.shape == (2, 20 * 24 * 24 + 50 * 8 * 8 + 500, 784)
+    scale = p.preactivation.abs().max().item()
+    assert theorem1_error(p) < 1e-5 * scale  # float32
+    ref = P.switched_projections_reference(model, x[:1], layers=["net.relu3"])
+    torch.testing.assert_close(p.layer("net.relu3", p.weight)[:1], ref.weight, rtol=1e-4, atol=1e-6)
+    fc = P.insens(model, x)
+    keep = (~p.active & ~p.cut_off).unsqueeze(-1)
+    direct = (p.omega() * keep).sum(1) / keep.sum(1)
+    torch.testing.assert_close(fc.omega.flatten(1), direct, rtol=1e-4, atol=1e-7)
+    share = P.active_neuron_share(model, x)
+    torch.testing.assert_close(share, p.active.double().mean(1))
+
+
+def test_bad_inputs_give_clear_errors():
+    net = fc_net()
+    x = torch.randn(2, 6, dtype=torch.float64)
+    with pytest.raises(UnsupportedLayerError, match="GELU"):
+        P.insens(nn.Sequential(nn.Linear(6, 3), nn.GELU(), nn.Linear(3, 2)).double(), x)
+    with pytest.raises(UnsupportedLayerError, match="training mode"):
+        P.switched_projections(conv_net().train(), torch.randn(1, 2, 6, 6, dtype=torch.float64))
+    with pytest.raises(ValueError, match="batch"):
+        P.insens(net, torch.randn(6, dtype=torch.float64))
+    with pytest.raises(TypeError, match="floating-point"):
+        P.switched_projections(net, torch.ones(2, 6, dtype=torch.long))
+    with pytest.raises(TypeError, match="nn.Module"):
+        P.insens(lambda z: z, x)
+    with pytest.raises(KeyError, match="unknown layer"):
+        P.switched_projections(net, x, layers=["fc9"])
+    with pytest.raises(ValueError, match="chunk_size"):
+        P.insens(net, x, chunk_size=0)
+    with pytest.raises(ValueError, match="no ReLU"):
+        P.insens(nn.Linear(6, 2).double(), x)
+    with pytest.raises(ValueError, match="no ReLU"):
+        P.switched_projections(nn.Linear(6, 2).double(), x)
+    with pytest.raises(ValueError, match="batch_size"):
+        P.active_neuron_share(net, x, batch_size=0)
+    p = P.switched_projections(net, x)
+    with pytest.raises(KeyError, match="no layer"):
+        p.layer("nope", p.weight)

@@ -209,7 +209,7 @@ class FeatureLevelingNet(_Leveling):
     ``z_k * h_{k-1}`` (``h_0`` the flattened input) and outputs ``h_k = ReLU(W_k (z_k * h_{k-1}) + b_k)``;
     the GLM layer is one ``nn.Linear`` reading ``[(1 - z_1) h_0, ..., (1 - z_K) h_{K-1}, h_K]``. In
     training mode ``z`` is sampled per sample and feature; in eval mode it is the rounded test-time
-    gate (:meth:`routing_gates`), 0 or 1, so every feature goes one way only.
+    gate (``routing_gates``), 0 or 1, so every feature goes one way only.
     """
 
     def __init__(self, widths: Sequence[int], out_features: int, init_log_alpha: float = 3.0) -> None:
@@ -465,7 +465,7 @@ def routing_summary(model: _Leveling) -> Routing:
 
 
 def l0_penalty(model: nn.Module) -> Tensor:
-    """The routing penalty of ``model`` (:meth:`FeatureLevelingNet.l0_penalty`); 0 for other networks."""
+    """The routing penalty of ``model`` (``FeatureLevelingNet.l0_penalty``); 0 for other networks."""
     if isinstance(model, _Leveling):
         return model.l0_penalty()
     p = next(model.parameters())

@@ -375,7 +375,7 @@ class DeepGating(nn.Module):
     """A full network of the architecture used as gating network: ReLUs (DGN) or identities (DLGN).
 
     ``net`` is an ordinary network (its own output is the gating network's prediction, used to
-    pretrain it); :meth:`preactivations` runs it and returns the input of every gate site.
+    pretrain it); ``preactivations`` runs it and returns the input of every gate site.
     """
 
     def __init__(self, net: nn.Module) -> None:

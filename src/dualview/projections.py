@@ -172,7 +172,7 @@ def frozen_preactivations(
 
     This is the active sub-network (:func:`dualview.gates.run_with_gates`) read at every hidden
     layer: an affine function of ``z`` for fixed gates; at ``z = x`` with ``x``'s own gates it
-    equals ``record_gates(model, x).preactivations``. Names follow :func:`record_gates`.
+    equals ``record_gates(model, x).preactivations``. Names follow :func:`dualview.gates.record_gates`.
     """
     captured: dict[str, Tensor] = {}
     calls: Counter[str] = Counter()
@@ -238,7 +238,7 @@ def switched_projections(
 ) -> SwitchedProjections:
     """Switched weights ``w = dq/dx`` and biases ``b`` of every hidden neuron (Theorem 1), all at once.
 
-    ``layers`` restricts the result to some ReLU calls (names as in :func:`record_gates`);
+    ``layers`` restricts the result to some ReLU calls (names as in :func:`dualview.gates.record_gates`);
     ``chunk_size`` bounds how many (input, coordinate) pairs one forward-mode pass carries (memory
     grows with it). The result holds ``N * U * d`` numbers: select layers for big networks.
     """
@@ -274,7 +274,7 @@ def switched_projections_reference(
 ) -> SwitchedProjections:
     """Slow reference: one autograd backward per input and neuron through the real network.
 
-    ``w_i = dq_i/dx`` from :func:`record_gates` and ``b_i = q_i - <x, w_i>`` (Theorem 1, Eq. 2).
+    ``w_i = dq_i/dx`` from :func:`dualview.gates.record_gates` and ``b_i = q_i - <x, w_i>`` (Theorem 1, Eq. 2).
     """
     _check(model, x)
     xg = x.detach().clone().requires_grad_(True)

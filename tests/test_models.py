@@ -83,8 +83,9 @@ def test_hard_gates_are_the_limit_of_soft_gates(seed):
         for beta in (1.0, 10.0, 1e3, 1e5, 1e9):
             soft.beta = beta
             errors.append((soft(x) - target).abs().max().item())
-    assert all(a >= b - 1e-12 for a, b in zip(errors, errors[1:])), errors
-    assert errors[-1] < 1e-6 < errors[0], errors
+    # each gate sigmoid(beta q) tends to 1{q > 0}; the output error need not shrink monotonically
+    # (paths of both signs), but it vanishes in the limit
+    assert errors[-1] < 1e-6 < errors[0] and min(errors[2:]) < errors[0], errors
 
 
 @settings(max_examples=10, deadline=None)

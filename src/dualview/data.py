@@ -18,6 +18,8 @@ set for another: if the requested split is missing it raises :class:`DataNotFoun
 """
 from __future__ import annotations
 
+import functools
+
 import gzip
 import numbers
 import os
@@ -41,6 +43,7 @@ __all__ = [
     "load_mnist",
     "load_cifar10",
     "load_digits",
+    "load_mnist1d",
     "train_test_split",
     "subset_per_class",
 ]
@@ -330,6 +333,31 @@ def load_digits() -> ImageData:
         MNIST_CLASSES,
         "scikit-learn's bundled 8x8 handwritten digits (UCI optdigits), 1,797 images",
     )
+
+
+@functools.lru_cache(maxsize=4)
+def _mnist1d(num_samples: int, seed: int):
+    from mnist1d.data import get_dataset_args, make_dataset
+
+    args = get_dataset_args()
+    args.num_samples, args.seed = num_samples, seed
+    return make_dataset(args)
+
+
+def load_mnist1d(split: str = "train", num_samples: int = 5000, seed: int = 42) -> tuple[Tensor, Tensor]:
+    """MNIST-1D :cite:`greydanus2020scaling`, generated offline by the ``mnist1d`` package: ``(x, y)``.
+
+    ``x``: float32 ``(N, 1, 40)`` signals, ``y``: int64 labels 0-9. The package's defaults (its
+    ``get_dataset_args``) with ``num_samples`` signals in all, 80 % in ``"train"``, 20 % in ``"test"``;
+    the same ``seed`` gives the same signals.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    if not isinstance(num_samples, int) or num_samples < 10:
+        raise ValueError(f"num_samples must be an int >= 10, got {num_samples!r}")
+    d = _mnist1d(num_samples, seed)
+    x, y = (d["x"], d["y"]) if split == "train" else (d["x_test"], d["y_test"])
+    return torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -109,6 +109,8 @@ def check_supported(model: nn.Module) -> None:
         label = name or "<model>"
         children = list(module.children())
         if not children:
+            if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+                continue  # an empty container computes nothing
             if not isinstance(module, supported):
                 raise UnsupportedLayerError(
                     f"layer '{label}' ({type(module).__name__}) is not supported: dualview reads "

@@ -9,8 +9,12 @@ depends on the inputs and the gates only. The module is organised by architectur
 * **fully connected networks** (:func:`npk_fc`, :func:`overlap_fc`, :func:`npk_from_gates`,
   :func:`overlap_from_gates`): the product form of Theorem 3.1,
   ``NPK(x, x') = <x, x'> * prod_l <G_l(x), G_l(x')>``, batched and chunked;
-* convolutional networks with global average pooling (rotation sum, Theorem 3.2) and residual
-  networks (ensemble sum, Theorem 3.3) join here as further sections (Chapters 3 and 4);
+* **circular convolutional networks with global average pooling** (:func:`conv_structure`,
+  :func:`npk_conv`, :func:`npk_conv_from_gates`, :func:`conv_overlap`, :func:`rotate`): the rotation
+  sum of Theorem 3.2 / Lemma F.1, with :func:`npk_conv_reference` (explicit path bundles);
+* **residual networks** (:func:`npk_resnet`, :func:`npk_resnet_subnetwork`, :func:`resnet_gates`):
+  the ensemble sum of Theorem 3.3 over the ``2^b`` sub-networks, with
+  :func:`npk_resnet_reference` (explicitly concatenated path features, Lemma G.1);
 * **references** (:func:`npf_gram_reference`, :func:`neural_path_features_from_gates_reference`):
   the Gram matrix of explicitly enumerated path features, for tiny networks;
 * **the empirical NTK** (:func:`empirical_ntk`, :func:`empirical_ntk_reference`,
@@ -37,7 +41,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
 from dualview.gates import UnsupportedLayerError, check_supported, record_gates, run_with_gates
-from dualview.paths import fc_layers, neural_path_features, path_index
+from dualview.paths import bundle_features_reference, fc_layers, neural_path_features, neural_path_values, path_index
 
 __all__ = [
     "DEFAULT_MEMORY_BUDGET",
@@ -59,6 +63,19 @@ __all__ = [
     "normalize_kernel",
     "KernelRidgeResult",
     "kernel_ridge_classify",
+    "ConvStructure",
+    "conv_structure",
+    "conv_gates",
+    "conv_overlap",
+    "npk_conv_from_gates",
+    "npk_conv",
+    "npk_conv_reference",
+    "rotate",
+    "resnet_gates",
+    "npk_resnet",
+    "npk_resnet_subnetwork",
+    "resnet_path_features_reference",
+    "npk_resnet_reference",
 ]
 
 #: Bytes the temporaries of one kernel computation may take (the result itself is not counted).
@@ -637,3 +654,406 @@ def kernel_ridge_classify(
     alpha = torch.cholesky_solve(Y.to(K.device), L)
     scores = K_test.double() @ alpha
     return KernelRidgeResult(predictions=scores.argmax(1), scores=scores)
+
+
+# ==================================================================================================
+# Convolutional networks with global average pooling: the rotation sum of Theorem 3.2
+
+
+_CONV = (nn.Conv1d, nn.Conv2d)
+_GAP = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
+
+
+@dataclass(frozen=True)
+class ConvStructure:
+    """What the rotation-sum NPK needs to know of a circular convolutional network.
+
+    ``spatial``: the shape of the input's positions (length, or ``(H, W)``), ``d_in`` positions in
+    all; ``in_channels``; ``shifts[l]``: for convolution ``l``, the shifts ``m`` of its taps (a path
+    from position ``u + m`` of layer ``l - 1`` reaches position ``u`` of layer ``l``), one row per
+    tap, ``(taps, dims)``; ``head``: ``"gap"`` (global average pooling, Theorem 3.2) or
+    ``"flatten"``; ``conv_gates`` / ``fc_gates``: the names (as in
+    :func:`dualview.gates.record_gates`) of the ReLUs after the convolutions and in the fully
+    connected part.
+    """
+
+    spatial: tuple[int, ...]
+    in_channels: int
+    shifts: tuple[tuple[tuple[int, ...], ...], ...]
+    head: str
+    conv_gates: tuple[str, ...]
+    fc_gates: tuple[str, ...]
+
+    @property
+    def d_in(self) -> int:
+        """The number of input positions (and of rotations)."""
+        return math.prod(self.spatial)
+
+
+def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(n, m) for n, m in model.named_modules() if not list(m.children()) and n]
+
+
+def conv_structure(model: nn.Module, input_shape: Sequence[int]) -> ConvStructure:
+    """Check that ``model`` is a network of Theorem 3.2's kind and describe it (:class:`ConvStructure`).
+
+    The theorem (Appendix F of :cite:`lakshminarayanan2022explicitising`) needs, in this order:
+    convolutions (``Conv1d``/``Conv2d``) each followed by a ReLU, every one *circular*
+    (``padding_mode="circular"``), of stride 1, ungrouped and same-size (``2 * padding = dilation *
+    (kernel_size - 1)``), so that rotating the input rotates every hidden map; then global average
+    pooling (``AdaptiveAvgPool*(1)``, then ``Flatten``), or ``Flatten`` alone (``head="flatten"``, no
+    invariance); then ``Linear``-ReLU layers and a ``Linear`` output. No biases anywhere (the theorem
+    has none). ``input_shape`` is one input's shape ``(C, L)`` or ``(C, H, W)``. Anything else raises
+    an error that names the layer and the assumption it breaks.
+    """
+    check_supported(model)
+    input_shape = tuple(int(s) for s in input_shape)
+    if len(input_shape) not in (2, 3):
+        raise ValueError(f"input_shape must be (C, L) or (C, H, W) for one input, got {input_shape}")
+    spatial = input_shape[1:]
+    leaves = _leaves(model)
+    shifts, conv_names, fc_names = [], [], []
+    k, head = 0, None
+    channels = input_shape[0]
+
+    def fail(name, m, why):
+        raise UnsupportedLayerError(
+            f"layer '{name}' ({m}) breaks an assumption of the rotation-sum NPK (Theorem 3.2): {why}"
+        )
+
+    while k < len(leaves) and isinstance(leaves[k][1], _CONV):
+        name, m = leaves[k]
+        if m.in_channels != channels:
+            fail(name, m, f"expects {m.in_channels} input channels, gets {channels}")
+        if (isinstance(m, nn.Conv1d) and len(spatial) != 1) or (isinstance(m, nn.Conv2d) and len(spatial) != 2):
+            fail(name, m, f"the input has {len(spatial)} spatial dimension(s)")
+        if m.padding_mode != "circular":
+            fail(name, m, f"padding_mode is '{m.padding_mode}', the theorem needs circular convolutions "
+                          "(build it with padding_mode='circular')")
+        if any(s != 1 for s in m.stride):
+            fail(name, m, f"stride {m.stride}: only stride-1 convolutions keep every hidden map the input's size")
+        if m.groups != 1:
+            fail(name, m, "grouped convolutions are not supported")
+        if m.bias is not None:
+            fail(name, m, "has a bias; Theorem 3.2 is for bias-free networks (build it with bias=False)")
+        if isinstance(m.padding, str) or any(2 * p != d * (kk - 1) for p, d, kk in
+                                             zip(m.padding, m.dilation, m.kernel_size)):
+            fail(name, m, f"padding {m.padding} does not keep the size (needs 2 * padding = dilation * (kernel_size - 1))")
+        if k + 1 >= len(leaves) or not isinstance(leaves[k + 1][1], nn.ReLU):
+            fail(name, m, "every convolution must be followed by an nn.ReLU")
+        taps = itertools.product(*[range(kk) for kk in m.kernel_size])
+        shifts.append(tuple(tuple(d * t - p for t, d, p in zip(tap, m.dilation, m.padding)) for tap in taps))
+        conv_names.append(leaves[k + 1][0])
+        channels = m.out_channels
+        k += 2
+    if not shifts:
+        raise UnsupportedLayerError(
+            "the rotation-sum NPK (Theorem 3.2) needs a network that starts with circular convolutions; "
+            f"the first layer is '{leaves[0][0] if leaves else None}'"
+        )
+    features = channels
+    if k < len(leaves) and isinstance(leaves[k][1], _GAP):
+        name, m = leaves[k]
+        size = m.output_size if isinstance(m.output_size, tuple) else (m.output_size,)
+        if any(s not in (1, None) for s in size):
+            fail(name, m, f"output_size {m.output_size}: global average pooling has output size 1")
+        head = "gap"
+        k += 1
+    else:
+        head = "flatten"
+        features = channels * math.prod(spatial)
+    if k >= len(leaves) or not isinstance(leaves[k][1], nn.Flatten):
+        name, m = leaves[k] if k < len(leaves) else ("(end)", None)
+        fail(name, m, "after the convolutions comes global average pooling and/or nn.Flatten")
+    k += 1
+    rest = leaves[k:]
+    for j, (name, m) in enumerate(rest):
+        want = nn.Linear if j % 2 == 0 else nn.ReLU
+        if not isinstance(m, want):
+            fail(name, m, f"expected {want.__name__}: the top is Linear, ReLU, ..., Linear")
+        if isinstance(m, nn.Linear):
+            if m.bias is not None:
+                fail(name, m, "has a bias; Theorem 3.2 is for bias-free networks (build it with bias=False)")
+            if m.in_features != features:
+                fail(name, m, f"expects {m.in_features} features, gets {features}")
+            features = m.out_features
+        else:
+            fc_names.append(name)
+    if not rest or len(rest) % 2 == 0:
+        raise UnsupportedLayerError("the network must end with an nn.Linear output layer")
+    return ConvStructure(tuple(spatial), input_shape[0], tuple(shifts), head, tuple(conv_names), tuple(fc_names))
+
+
+def conv_gates(model: nn.Module, x: Tensor, structure: ConvStructure | None = None, batch_size: int = 500,
+               dtype: torch.dtype = torch.float64) -> list[Tensor]:
+    """The gates of a circular convolutional network: ``[(N, C_l, *spatial) per convolution, (N, w) per FC layer]``."""
+    s = structure or conv_structure(model, x.shape[1:])
+    parts: list[list[Tensor]] = []
+    wdtype = next(model.parameters()).dtype
+    with torch.no_grad():
+        for chunk in x.split(batch_size):
+            g = record_gates(model, chunk.to(wdtype)).gates
+            parts.append([g[n].to(dtype) for n in s.conv_gates + s.fc_gates])
+    return [torch.cat(col) for col in zip(*parts)]
+
+
+def _rotation_index(spatial: tuple[int, ...], device) -> Tensor:
+    """``idx[r, v]``: the flat position ``v + r`` (componentwise, modulo the size) for every rotation ``r``."""
+    grids = torch.meshgrid(*[torch.arange(s, device=device) for s in spatial], indexing="ij")
+    coords = torch.stack([g.reshape(-1) for g in grids], 1)  # (d, dims)
+    size = torch.tensor(spatial, device=device)
+    moved = (coords[None, :, :] + coords[:, None, :]) % size  # [r, v] -> v + r
+    flat = torch.zeros(moved.shape[:2], dtype=torch.long, device=device)
+    for k, s in enumerate(spatial):
+        flat = flat * s + moved[..., k]
+    return flat
+
+
+def _pairwise_positions(a: Tensor, b: Tensor, idx: Tensor | None) -> Tensor:
+    """``out[i, j, r, v] = sum_c a[i, c, v] * b[j, c, v + r]`` (``idx`` None: ``r = 0`` only)."""
+    if idx is None:
+        return torch.einsum("icv,jcv->ijv", a, b).unsqueeze(2)
+    bj = b[:, :, idx]  # (j, c, r, v)
+    n1, n2, d, rr = a.shape[0], b.shape[0], a.shape[2], idx.shape[0]
+    lhs = a.permute(2, 0, 1)  # (v, i, c)
+    rhs = bj.permute(3, 1, 0, 2).reshape(d, a.shape[1], n2 * rr)  # (v, c, j r)
+    return torch.bmm(lhs, rhs).view(d, n1, n2, rr).permute(1, 2, 3, 0)
+
+
+def _back_through(s: Tensor, shifts, spatial) -> Tensor:
+    """Sum over the taps of one convolution, from its output positions back to its input positions."""
+    lead = s.shape[:-1]
+    s = s.reshape(*lead, *spatial)
+    dims = tuple(range(-len(spatial), 0))
+    out = torch.zeros_like(s)
+    for m in shifts:
+        out += torch.roll(s, shifts=m, dims=dims)
+    return out.reshape(*lead, -1)
+
+
+def _conv_block(structure: ConvStructure, cg1, fg1, cg2, fg2, rotations: bool, idx) -> Tensor:
+    """Lambda for a block of pairs: ``(n1, n2, R, d_in)``, FC overlap and pooling factor included."""
+    idx = idx if rotations else None
+    s = None
+    for l in range(len(cg1) - 1, -1, -1):
+        joint = _pairwise_positions(cg1[l], cg2[l], idx)  # active-for-both units per position
+        s = joint if s is None else joint.mul_(s)
+        s = _back_through(s, structure.shifts[l], structure.spatial)
+    fc = torch.ones(s.shape[:2], dtype=s.dtype, device=s.device)
+    for a, b in zip(fg1, fg2):
+        fc = fc * (a @ b.T)
+    pool = 1.0 / structure.d_in ** 2 if structure.head == "gap" else 1.0
+    return s * (fc * pool)[:, :, None, None]
+
+
+def _split_gates(structure: ConvStructure, gates: Sequence[Tensor], n: int, name: str, dtype):
+    nc = len(structure.shifts)
+    if len(gates) != nc + len(structure.fc_gates):
+        raise ValueError(f"{name}: expected {nc} convolutional and {len(structure.fc_gates)} fully connected "
+                         f"gate tensors, got {len(gates)}")
+    cg = [g.to(dtype).reshape(g.shape[0], g.shape[1], -1) for g in gates[:nc]]
+    fg = [g.to(dtype).flatten(1) for g in gates[nc:]]
+    if any(g.shape[0] != n for g in cg + fg) or any(g.shape[2] != structure.d_in for g in cg):
+        raise ValueError(f"{name}: every gate tensor needs {n} rows and convolutional gates {structure.d_in} "
+                         f"positions, got {[tuple(g.shape) for g in gates]}")
+    return cg, fg
+
+
+def conv_overlap(structure: ConvStructure, gates1: Sequence[Tensor], gates2: Sequence[Tensor] | None = None,
+                 dtype: torch.dtype = torch.float64) -> Tensor:
+    """``Lambda[n1, n2, r, i] = overlap(i, x, rot(x', r))``: the paths from input position ``i`` active
+    for both ``x`` and ``rot(x', r)``, weighted by the pooling masks (Lemma F.1 of
+    :cite:`lakshminarayanan2022explicitising`); ``(N1, N2, d_in, d_in)``, or ``(N1, N2, 1, d_in)``
+    (``r = 0`` only) for ``head="flatten"``. The gates of ``rot(x', r)`` are those of ``x'``, rotated:
+    circular convolutions are rotation-equivariant. Holds everything at once: small ``N`` only.
+    """
+    n1 = gates1[0].shape[0]
+    cg1, fg1 = _split_gates(structure, gates1, n1, "gates1", dtype)
+    if gates2 is None:
+        cg2, fg2 = cg1, fg1
+    else:
+        cg2, fg2 = _split_gates(structure, gates2, gates2[0].shape[0], "gates2", dtype)
+    idx = _rotation_index(structure.spatial, cg1[0].device)
+    return _conv_block(structure, cg1, fg1, cg2, fg2, structure.head == "gap", idx)
+
+
+def npk_conv_from_gates(
+    structure: ConvStructure, x1: Tensor, gates1: Sequence[Tensor], x2: Tensor | None = None,
+    gates2: Sequence[Tensor] | None = None, *, chunk_size: int | None = None, dtype: torch.dtype = torch.float64,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """The NPK of a circular convolutional network from its inputs and gates: ``(N1, N2)``.
+
+    Theorem 3.2 / Lemma F.1 of :cite:`lakshminarayanan2022explicitising`, for global average pooling:
+    ``NPK(x, x') = sum_r sum_i <x(i), rot(x', r)(i)> overlap(i, x, rot(x', r))`` with ``rot(x', r)(i)
+    = x'(i + r)``, the inner product over input channels, and the overlap of :func:`conv_overlap`
+    (its pooling factor ``1/d_in^2`` included). With ``head="flatten"`` only ``r = 0`` remains.
+    Computed in blocks of pairs whose temporaries fit ``memory_budget`` (``chunk_size`` caps the
+    block's side). ``gates*`` come from :func:`conv_gates` (or a gating network, permuted layers, ...).
+    """
+    if (x2 is None) != (gates2 is None):
+        raise ValueError("give x2 together with gates2 (or neither, for the Gram matrix of x1)")
+    expected = (structure.in_channels, *structure.spatial)
+    for name, x in (("x1", x1), ("x2", x2)):
+        if x is not None and tuple(x.shape[1:]) != expected:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, the network takes (N, {', '.join(map(str, expected))})")
+    n1 = x1.shape[0]
+    cg1, fg1 = _split_gates(structure, gates1, n1, "gates1", dtype)
+    if x2 is None:
+        x2, cg2, fg2 = x1, cg1, fg1
+    else:
+        cg2, fg2 = _split_gates(structure, gates2, x2.shape[0], "gates2", dtype)
+    n2 = x2.shape[0]
+    a1 = x1.to(dtype).reshape(n1, structure.in_channels, -1)
+    a2 = x2.to(dtype).reshape(n2, structure.in_channels, -1)
+    rotations = structure.head == "gap"
+    idx = _rotation_index(structure.spatial, a1.device)
+    rr, d = (structure.d_in if rotations else 1), structure.d_in
+    widest = max(g.shape[1] for g in cg1 + [a1])
+    per_pair = (4 * rr * d + widest * rr * d) * _itemsize(dtype)  # joint counts, recursion, rotated gates
+    side = max(1, int(math.isqrt(max(memory_budget // per_pair, 1))))
+    if chunk_size is not None:
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+        side = min(side, chunk_size)
+    _check_budget(per_pair, memory_budget, "one pair of the convolutional NPK",
+                  "Raise memory_budget, or use smaller inputs.")
+    out = torch.empty(n1, n2, dtype=dtype, device=a1.device)
+    for i in range(0, n1, side):
+        for j in range(0, n2, side):
+            lam = _conv_block(structure, [g[i:i + side] for g in cg1], [g[i:i + side] for g in fg1],
+                              [g[j:j + side] for g in cg2], [g[j:j + side] for g in fg2], rotations, idx)
+            inner = _pairwise_positions(a1[i:i + side], a2[j:j + side], idx if rotations else None)
+            out[i:i + side, j:j + side] = (inner * lam).sum((2, 3))
+    return out
+
+
+def npk_conv(
+    model: nn.Module, x1: Tensor, x2: Tensor | None = None, *, gating: nn.Module | None = None,
+    chunk_size: int | None = None, dtype: torch.dtype = torch.float64, batch_size: int = 500,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+) -> Tensor:
+    """The NPK of a circular convolutional network (or of a DGN of that kind) on data: ``(N1, N2)``.
+
+    ``model`` fixes the paths (checked by :func:`conv_structure`); the gates come from ``gating``
+    (same architecture) or from ``model``. See :func:`npk_conv_from_gates`.
+    """
+    s = conv_structure(model, x1.shape[1:])
+    source = model if gating is None else gating
+    if gating is not None and conv_structure(gating, x1.shape[1:]).shifts != s.shifts:
+        raise ValueError("the gating network's convolutions differ from the value network's")
+    g1 = conv_gates(source, x1, conv_structure(source, x1.shape[1:]), batch_size, dtype)
+    g2 = None if x2 is None else conv_gates(source, x2, conv_structure(source, x2.shape[1:]), batch_size, dtype)
+    return npk_conv_from_gates(s, x1, g1, x2, g2, chunk_size=chunk_size, dtype=dtype, memory_budget=memory_budget)
+
+
+def npk_conv_reference(model: nn.Module, x1: Tensor, x2: Tensor | None = None) -> Tensor:
+    """The convolutional NPK as the Gram matrix of explicitly enumerated bundle features
+    (:func:`dualview.paths.bundle_features_reference`; tiny networks only)."""
+    phi1 = bundle_features_reference(model, x1).features
+    phi2 = phi1 if x2 is None else bundle_features_reference(model, x2).features
+    return phi1 @ phi2.T
+
+
+def rotate(x: Tensor, r: int | Sequence[int]) -> Tensor:
+    """``rot(x, r)(i) = x(i + r)`` (Definition F.1 of :cite:`lakshminarayanan2022explicitising`),
+    over the last one (``r`` an int) or last ``len(r)`` dimensions, circularly."""
+    rs = (r,) if isinstance(r, int) else tuple(r)
+    return torch.roll(x, shifts=tuple(-k for k in rs), dims=tuple(range(-len(rs), 0)))
+
+
+# ==================================================================================================
+# Residual networks: the ensemble sum of Theorem 3.3
+
+
+def _check_resnet(model: nn.Module) -> None:
+    from dualview.models import FCResNet
+
+    if not isinstance(model, FCResNet):
+        raise UnsupportedLayerError(
+            f"the ensemble-sum NPK (Theorem 3.3) is implemented for dualview.models.FCResNet (fully connected "
+            f"residual blocks), got {type(model).__name__}"
+        )
+    biased = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.bias is not None]
+    if biased:
+        raise UnsupportedLayerError(f"layers {biased} have biases; Theorem 3.3 is for bias-free networks")
+
+
+def resnet_gates(model: nn.Module, x: Tensor, dtype: torch.dtype = torch.float64) -> list[list[Tensor]]:
+    """The gates of a :class:`dualview.models.FCResNet`, block by block: ``[first, block_1, ..., block_b,
+    last]``, each a list of ``(N, w)`` 0/1 tensors (one per ReLU)."""
+    _check_resnet(model)
+    with torch.no_grad():
+        g = record_gates(model, x.to(next(model.parameters()).dtype)).gates
+    groups = ["first."] + [f"blocks.{j}." for j in range(model.b)] + ["last."]
+    return [[g[n].to(dtype) for n in g if n.startswith(p)] for p in groups]
+
+
+def _block_kernels(blocks1, blocks2, n1: int, n2: int, dtype, device) -> list[Tensor]:
+    """For each block, the product of its layers' base kernels ``prod_l <G_l(x), G_l(x')>`` (1 if it has no ReLU)."""
+    out = []
+    for b1, b2 in zip(blocks1, blocks2):
+        k = torch.ones(n1, n2, dtype=dtype, device=device)
+        for a, b in zip(b1, b2):
+            k = k * (a.to(dtype) @ b.to(dtype).T)
+        out.append(k)
+    return out
+
+
+def npk_resnet(model: nn.Module, x1: Tensor, x2: Tensor | None = None, *, dtype: torch.dtype = torch.float64
+               ) -> Tensor:
+    """The NPK of a fully connected ResNet (:class:`dualview.models.FCResNet`): ``(N1, N2)``.
+
+    Theorem 3.3 of :cite:`lakshminarayanan2022explicitising`: the sum over the ``2^b`` sub-networks,
+    ``NPK = sum_J NPK_J``. For fully connected blocks the sum factorises,
+    ``NPK(x, x') = <x, x'> F(x, x') (prod_j (1 + B_j(x, x'))) L(x, x')``, with ``F``, ``B_j`` and ``L``
+    the products of the base kernels ``<G_l(x), G_l(x')>`` over the layers of the first block, of
+    residual block ``j`` and of the last block: ``O(b)`` work instead of ``O(2^b)``.
+    """
+    g1 = resnet_gates(model, x1, dtype)
+    g2 = g1 if x2 is None else resnet_gates(model, x2, dtype)
+    a1 = x1.flatten(1).to(dtype)
+    a2 = a1 if x2 is None else x2.flatten(1).to(dtype)
+    ks = _block_kernels(g1, g2, a1.shape[0], a2.shape[0], dtype, a1.device)
+    out = (a1 @ a2.T) * ks[0] * ks[-1]
+    for k in ks[1:-1]:
+        out = out * (1 + k)
+    return out
+
+
+def npk_resnet_subnetwork(model: nn.Module, x1: Tensor, x2: Tensor | None = None, subset: Sequence[int] = (),
+                          *, dtype: torch.dtype = torch.float64) -> Tensor:
+    """``NPK_J``: the NPK of the sub-network through the residual blocks ``subset`` (0-based), with the
+    ResNet's own gates (one term of Theorem 3.3); the product form of :func:`npk_from_gates`."""
+    model.subnetwork(subset)  # checks the block indices
+    g1 = resnet_gates(model, x1, dtype)
+    g2 = g1 if x2 is None else resnet_gates(model, x2, dtype)
+    keep = [0, *(j + 1 for j in sorted(set(subset))), len(g1) - 1]
+    flat1 = [g for k in keep for g in g1[k]]
+    flat2 = [g for k in keep for g in g2[k]]
+    return npk_from_gates(x1, flat1, None if x2 is None else x2, None if x2 is None else flat2, dtype=dtype)
+
+
+def resnet_path_features_reference(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The NPF and NPV of a :class:`dualview.models.FCResNet` by explicit enumeration: the concatenation,
+    over the ``2^b`` sub-networks ``J``, of their path features (with the ResNet's gates) and values
+    (Appendix G of :cite:`lakshminarayanan2022explicitising`). Returns ``(phi (N, P), v (P, C))`` with
+    ``model(x) = phi @ v``. Tiny networks only.
+    """
+    g = resnet_gates(model, x, torch.float64)
+    feats, values = [], []
+    for size in range(model.b + 1):
+        for subset in itertools.combinations(range(model.b), size):
+            gates = [t for k in [0, *(j + 1 for j in subset), len(g) - 1] for t in g[k]]
+            feats.append(neural_path_features_from_gates_reference(x.double(), gates))
+            layers = model.subnetwork(subset)
+            chain = nn.Sequential(*[m for lin in layers for m in (lin, nn.ReLU())][:-1])
+            values.append(neural_path_values(chain))
+    return torch.cat(feats, 1), torch.cat(values, 0)
+
+
+def npk_resnet_reference(model: nn.Module, x1: Tensor, x2: Tensor | None = None) -> Tensor:
+    """The ResNet's NPK as the Gram matrix of the explicitly concatenated sub-network NPFs (Lemma G.1)."""
+    phi1 = resnet_path_features_reference(model, x1)[0]
+    phi2 = phi1 if x2 is None else resnet_path_features_reference(model, x2)[0]
+    return phi1 @ phi2.T

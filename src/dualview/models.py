@@ -79,6 +79,9 @@ __all__ = [
     "local_hyperplanes",
     "LadderModel",
     "dual_lifting_ladder",
+    "circular_convnet",
+    "FCResNet",
+    "fc_resnet",
 ]
 
 Kind = Literal["dnn", "linear", "dgn", "dlgn"]
@@ -814,3 +817,106 @@ def dual_lifting_ladder(deep: Architecture, shallow: Architecture, value_input: 
         LadderModel("DLGN-MAX", "deep linear + max-pool", 4, "dual lifting",
                     build(mx, "dlgn", value_input=value_input)),
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# The networks of the kernel theorems: circular convolutions (Theorem 3.2), residual blocks (Theorem 3.3)
+
+
+def circular_convnet(in_channels: int, channels: Sequence[int], fc_widths: Sequence[int] = (),
+                     num_outputs: int = 10, kernel_size: int = 3, dims: Literal[1, 2] = 1,
+                     head: Literal["gap", "flatten"] = "gap", spatial: int | tuple[int, ...] | None = None,
+                     ) -> nn.Sequential:
+    """The convolutional network of Appendix F of :cite:`lakshminarayanan2022explicitising`, without biases.
+
+    Circular, stride-1, same-size convolutions (``Conv1d`` or ``Conv2d`` by ``dims``) of ``channels``
+    filters, each followed by a ReLU; then ``head``: ``"gap"`` (global average pooling, the setting of
+    Theorem 3.2) or ``"flatten"`` (every position gets weights of its own, which breaks the rotation
+    invariance; needs ``spatial``, the input's length or ``(H, W)``); then fully connected ReLU layers
+    of ``fc_widths`` and a linear output layer of ``num_outputs`` units.
+    """
+    if dims not in (1, 2):
+        raise ValueError(f"dims must be 1 (signals) or 2 (images), got {dims!r}")
+    if not channels or any(c < 1 for c in channels) or any(w < 1 for w in fc_widths):
+        raise ValueError(f"channels and fc_widths must be positive, got {tuple(channels)} and {tuple(fc_widths)}")
+    if kernel_size < 1 or kernel_size % 2 == 0:
+        raise ValueError(f"kernel_size must be odd (same-size convolutions), got {kernel_size}")
+    if head not in ("gap", "flatten"):
+        raise ValueError(f"head must be 'gap' or 'flatten', got {head!r}")
+    conv = nn.Conv1d if dims == 1 else nn.Conv2d
+    layers: OrderedDict[str, nn.Module] = OrderedDict()
+    prev = in_channels
+    for i, c in enumerate(channels, 1):
+        layers[f"conv{i}"] = conv(prev, c, kernel_size, padding=kernel_size // 2, padding_mode="circular",
+                                  bias=False)
+        layers[f"relu{i}"] = nn.ReLU()
+        prev = c
+    if head == "gap":
+        layers["gap"] = nn.AdaptiveAvgPool1d(1) if dims == 1 else nn.AdaptiveAvgPool2d(1)
+    elif spatial is None:
+        raise ValueError("head='flatten' needs spatial, the input's length (dims=1) or (H, W) (dims=2)")
+    else:
+        size = (spatial,) * dims if isinstance(spatial, int) else tuple(spatial)
+        if len(size) != dims:
+            raise ValueError(f"spatial must have {dims} entries for dims={dims}, got {spatial!r}")
+        prev *= math.prod(size)
+    layers["flatten"] = nn.Flatten()
+    for j, w in enumerate(fc_widths, 1):
+        layers[f"fc{j}"] = nn.Linear(prev, w, bias=False)
+        layers[f"fc_relu{j}"] = nn.ReLU()
+        prev = w
+    layers["out"] = nn.Linear(prev, num_outputs, bias=False)
+    return nn.Sequential(layers)
+
+
+def _relu_stack(widths: Sequence[int], last_linear: bool = False) -> nn.Sequential:
+    mods: list[nn.Module] = []
+    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+        mods.append(nn.Linear(a, b, bias=False))
+        if not (last_linear and k == len(widths) - 2):
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
+
+
+class FCResNet(nn.Module):
+    """The residual network of Theorem 3.3 of :cite:`lakshminarayanan2022explicitising` (Appendix G).
+
+    ``b + 2`` fully connected blocks of ``d_blk`` bias-free layers of width ``w``: the block
+    ``first`` (``d_in -> w``, ReLUs), ``b`` residual blocks (``h <- h + block(h)``, each
+    ``d_blk`` Linear-ReLU layers) and the block ``last`` (``d_blk - 1`` Linear-ReLU layers, then a
+    linear output layer). A path either enters a residual block or takes its skip connection, so the
+    network holds ``2^b`` fully connected sub-networks; the one through the blocks ``J`` has
+    ``(|J| + 2) d_blk`` layers.
+    """
+
+    def __init__(self, d_in: int, width: int, d_blk: int, b: int, num_outputs: int = 1) -> None:
+        super().__init__()
+        for name, value, low in (("d_in", d_in, 1), ("width", width, 1), ("d_blk", d_blk, 1), ("b", b, 0),
+                                 ("num_outputs", num_outputs, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.d_in, self.width, self.d_blk, self.b, self.num_outputs = d_in, width, d_blk, b, num_outputs
+        self.first = _relu_stack([d_in] + [width] * d_blk)
+        self.blocks = nn.ModuleList(_relu_stack([width] * (d_blk + 1)) for _ in range(b))
+        self.last = _relu_stack([width] * d_blk + [num_outputs], last_linear=True)
+
+    def forward(self, x: Tensor, skip: Sequence[int] = ()) -> Tensor:
+        """The output; ``skip`` lists residual blocks (0-based) to delete, leaving their skip connection only."""
+        h = self.first(x.flatten(1))
+        for j, block in enumerate(self.blocks):
+            if j not in skip:
+                h = h + block(h)
+        return self.last(h)
+
+    def subnetwork(self, subset: Sequence[int]) -> list[nn.Linear]:
+        """The Linear layers of the sub-network through the residual blocks ``subset`` (0-based), in order."""
+        bad = [j for j in subset if not 0 <= j < self.b]
+        if bad:
+            raise ValueError(f"blocks {bad} do not exist: this ResNet has residual blocks 0..{self.b - 1}")
+        parts = [self.first, *(self.blocks[j] for j in sorted(set(subset))), self.last]
+        return [m for part in parts for m in part if isinstance(m, nn.Linear)]
+
+
+def fc_resnet(d_in: int, width: int, d_blk: int, b: int, num_outputs: int = 1) -> FCResNet:
+    """A :class:`FCResNet`: ``b`` residual blocks between a first and a last block, each ``d_blk`` layers deep."""
+    return FCResNet(d_in, width, d_blk, b, num_outputs)

@@ -669,9 +669,9 @@ class ConvStructure:
     """What the rotation-sum NPK needs to know of a circular convolutional network.
 
     ``spatial``: the shape of the input's positions (length, or ``(H, W)``), ``d_in`` positions in
-    all; ``in_channels``; ``shifts[l]``: for convolution ``l``, the shifts ``m`` of its taps (a path
-    from position ``u + m`` of layer ``l - 1`` reaches position ``u`` of layer ``l``), one row per
-    tap, ``(taps, dims)``; ``head``: ``"gap"`` (global average pooling, Theorem 3.2) or
+    all; ``in_channels``; ``taps[l]``: for convolution ``l``, ``(kernel_size, dilation, padding)``
+    per spatial dimension (a path from position ``u + dilation * t - padding`` of layer ``l - 1``
+    reaches position ``u`` of layer ``l`` through tap ``t``); ``head``: ``"gap"`` (global average pooling, Theorem 3.2) or
     ``"flatten"``; ``conv_gates`` / ``fc_gates``: the names (as in
     :func:`dualview.gates.record_gates`) of the ReLUs after the convolutions and in the fully
     connected part.
@@ -679,7 +679,7 @@ class ConvStructure:
 
     spatial: tuple[int, ...]
     in_channels: int
-    shifts: tuple[tuple[tuple[int, ...], ...], ...]
+    taps: tuple[tuple[tuple[int, int, int], ...], ...]
     head: str
     conv_gates: tuple[str, ...]
     fc_gates: tuple[str, ...]
@@ -712,7 +712,7 @@ def conv_structure(model: nn.Module, input_shape: Sequence[int]) -> ConvStructur
         raise ValueError(f"input_shape must be (C, L) or (C, H, W) for one input, got {input_shape}")
     spatial = input_shape[1:]
     leaves = _leaves(model)
-    shifts, conv_names, fc_names = [], [], []
+    taps, conv_names, fc_names = [], [], []
     k, head = 0, None
     channels = input_shape[0]
 
@@ -741,12 +741,11 @@ def conv_structure(model: nn.Module, input_shape: Sequence[int]) -> ConvStructur
             fail(name, m, f"padding {m.padding} does not keep the size (needs 2 * padding = dilation * (kernel_size - 1))")
         if k + 1 >= len(leaves) or not isinstance(leaves[k + 1][1], nn.ReLU):
             fail(name, m, "every convolution must be followed by an nn.ReLU")
-        taps = itertools.product(*[range(kk) for kk in m.kernel_size])
-        shifts.append(tuple(tuple(d * t - p for t, d, p in zip(tap, m.dilation, m.padding)) for tap in taps))
+        taps.append(tuple(zip(m.kernel_size, m.dilation, m.padding)))
         conv_names.append(leaves[k + 1][0])
         channels = m.out_channels
         k += 2
-    if not shifts:
+    if not taps:
         raise UnsupportedLayerError(
             "the rotation-sum NPK (Theorem 3.2) needs a network that starts with circular convolutions; "
             f"the first layer is '{leaves[0][0] if leaves else None}'"
@@ -781,7 +780,7 @@ def conv_structure(model: nn.Module, input_shape: Sequence[int]) -> ConvStructur
             fc_names.append(name)
     if not rest or len(rest) % 2 == 0:
         raise UnsupportedLayerError("the network must end with an nn.Linear output layer")
-    return ConvStructure(tuple(spatial), input_shape[0], tuple(shifts), head, tuple(conv_names), tuple(fc_names))
+    return ConvStructure(tuple(spatial), input_shape[0], tuple(taps), head, tuple(conv_names), tuple(fc_names))
 
 
 def conv_gates(model: nn.Module, x: Tensor, structure: ConvStructure | None = None, batch_size: int = 500,
@@ -813,22 +812,24 @@ def _pairwise_positions(a: Tensor, b: Tensor, idx: Tensor | None) -> Tensor:
     """``out[i, j, r, v] = sum_c a[i, c, v] * b[j, c, v + r]`` (``idx`` None: ``r = 0`` only)."""
     if idx is None:
         return torch.einsum("icv,jcv->ijv", a, b).unsqueeze(2)
-    bj = b[:, :, idx]  # (j, c, r, v)
     n1, n2, d, rr = a.shape[0], b.shape[0], a.shape[2], idx.shape[0]
-    lhs = a.permute(2, 0, 1)  # (v, i, c)
-    rhs = bj.permute(3, 1, 0, 2).reshape(d, a.shape[1], n2 * rr)  # (v, c, j r)
-    return torch.bmm(lhs, rhs).view(d, n1, n2, rr).permute(1, 2, 3, 0)
+    lhs = a.permute(2, 0, 1).contiguous()  # (v, i, c)
+    rhs = b[:, :, idx.T].permute(2, 1, 0, 3).reshape(d, a.shape[1], n2 * rr)  # (v, c, j r): b[j, c, v + r]
+    return torch.bmm(lhs, rhs).view(d, n1, n2, rr).permute(1, 2, 3, 0).contiguous()
 
 
-def _back_through(s: Tensor, shifts, spatial) -> Tensor:
-    """Sum over the taps of one convolution, from its output positions back to its input positions."""
+def _back_through(s: Tensor, taps, spatial) -> Tensor:
+    """Sum over the taps of one same-size circular convolution, from its output positions back to
+    its input positions: ``t(v) = sum_t s(v - dilation * t + padding)``. The all-ones kernel is
+    separable and, being same-size, symmetric: a circular box sum along each dimension."""
     lead = s.shape[:-1]
     s = s.reshape(*lead, *spatial)
-    dims = tuple(range(-len(spatial), 0))
-    out = torch.zeros_like(s)
-    for m in shifts:
-        out += torch.roll(s, shifts=m, dims=dims)
-    return out.reshape(*lead, -1)
+    for k, ((size, dil, pad), n) in enumerate(zip(taps, spatial)):
+        dim = len(lead) + k
+        wrap = torch.arange(-pad, n + pad, device=s.device) % n
+        span = dil * (size - 1) + 1
+        s = s.index_select(dim, wrap).unfold(dim, span, 1)[..., ::dil].sum(-1)
+    return s.reshape(*lead, -1)
 
 
 def _conv_block(structure: ConvStructure, cg1, fg1, cg2, fg2, rotations: bool, idx) -> Tensor:
@@ -838,7 +839,7 @@ def _conv_block(structure: ConvStructure, cg1, fg1, cg2, fg2, rotations: bool, i
     for l in range(len(cg1) - 1, -1, -1):
         joint = _pairwise_positions(cg1[l], cg2[l], idx)  # active-for-both units per position
         s = joint if s is None else joint.mul_(s)
-        s = _back_through(s, structure.shifts[l], structure.spatial)
+        s = _back_through(s, structure.taps[l], structure.spatial)
     fc = torch.ones(s.shape[:2], dtype=s.dtype, device=s.device)
     for a, b in zip(fg1, fg2):
         fc = fc * (a @ b.T)
@@ -847,7 +848,7 @@ def _conv_block(structure: ConvStructure, cg1, fg1, cg2, fg2, rotations: bool, i
 
 
 def _split_gates(structure: ConvStructure, gates: Sequence[Tensor], n: int, name: str, dtype):
-    nc = len(structure.shifts)
+    nc = len(structure.taps)
     if len(gates) != nc + len(structure.fc_gates):
         raise ValueError(f"{name}: expected {nc} convolutional and {len(structure.fc_gates)} fully connected "
                          f"gate tensors, got {len(gates)}")
@@ -940,7 +941,7 @@ def npk_conv(
     """
     s = conv_structure(model, x1.shape[1:])
     source = model if gating is None else gating
-    if gating is not None and conv_structure(gating, x1.shape[1:]).shifts != s.shifts:
+    if gating is not None and conv_structure(gating, x1.shape[1:]).taps != s.taps:
         raise ValueError("the gating network's convolutions differ from the value network's")
     g1 = conv_gates(source, x1, conv_structure(source, x1.shape[1:]), batch_size, dtype)
     g2 = None if x2 is None else conv_gates(source, x2, conv_structure(source, x2.shape[1:]), batch_size, dtype)

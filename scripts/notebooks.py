@@ -210,6 +210,8 @@ def _without_solutions(nb):
 def _colab_copy(chapter: Path):
     nb = jupytext.read(chapter)
     nb.metadata.pop("jupytext", None)
+    for k, cell in enumerate(nb.cells):  # stable cell ids: re-syncing an unchanged chapter changes nothing
+        cell.id = hashlib.sha1(f"{k}:{cell.source}".encode()).hexdigest()[:8]
     return nb
 
 

@@ -1,8 +1,17 @@
 """Shared fixtures of the unit tests."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
+
+# CI runs the same property-test examples every time (HYPOTHESIS_PROFILE=ci, set by .ci/run), so a
+# submission cannot pass or fail by the luck of the draw; a local run explores new examples.
+settings.register_profile("ci", derandomize=True, print_blob=True)
+settings.register_profile("dev", print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
 @pytest.fixture(scope="session")

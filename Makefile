@@ -10,7 +10,7 @@ export PYTHONHASHSEED ?= 0
 # pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cacheprovider
 
-.PHONY: env book notebooks html test unit references sync chapter clean
+.PHONY: env book notebooks html test unit references sync chapter clean mutants
 
 env: $(VENV)/.installed
 
@@ -35,15 +35,20 @@ html: env
 	$(BIN)/jupyter-book build _build/stage --all --path-output . --warningiserror --nitpick --keep-going --quiet
 	@echo "The book is in _build/html/index.html"
 
-## make test: unit and property tests, every chapter executed once, and the HTML build
+## make test: unit and property tests, every chapter executed once, the HTML build and its checks (tests/rendered)
 test: env
 	$(BIN)/python scripts/notebooks.py check-sync
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu
-	$(BIN)/python -m pytest tests $(NBVAL) _build/nbtest
+	$(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) _build/nbtest
 	$(MAKE) html
+	$(BIN)/python -m pytest -p no:cacheprovider tests/rendered
 
 unit: env
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --ignore=tests/rendered
+
+## mutation check: apply one-line mistakes to a copy of the library and report which the unit tests miss
+mutants: env
+	$(BIN)/python scripts/mutate.py
 
 ## re-record the reference outputs of the tagged cells (review the diff of tests/reference/ afterwards)
 references: env

@@ -15,22 +15,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import statistics
-import time
 
 import torch
 from sklearn.datasets import load_digits
 
+from timing import median_time
+
 from dualview import data, kernels, models
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def report(name: str, ours, baseline, repeats=(5, 1), **extra) -> None:

@@ -9,23 +9,14 @@ the reference (a Python loop over samples and paths). Prints one JSON line. Goal
 from __future__ import annotations
 
 import json
-import statistics
-import time
 
 import torch
 from sklearn.datasets import load_digits
 from torch import nn
 
+from timing import median_time
+
 from dualview import paths
-
-
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -272,3 +272,31 @@ def test_root_argument_overrides_data_dir(monkeypatch, tmp_path):
     shutil.copy(src, tmp_path / "mnist" / src.name)
     monkeypatch.setenv("DUALVIEW_DATA", str(tmp_path / "nowhere"))
     assert len(load_mnist("train5k", root=tmp_path)) == 5000
+
+
+# ------------------------------------------------------------------------------- labels line up
+
+
+def test_mnist_labels_line_up_with_images(mnist):
+    """The first test labels are the well-known 7, 2, 1, 0, 4, and each image is its own: the label
+    file is not shifted against the image file (pixel checks of the first digits)."""
+    assert mnist.y[:10].tolist() == [7, 2, 1, 0, 4, 1, 4, 9, 5, 9]
+    raw = D.read_idx(ROOT / "mnist/raw/t10k-images-idx3-ubyte.gz")
+    torch.testing.assert_close(mnist.x[:5, 0], torch.from_numpy(raw[:5].copy()).float() / 255)
+    # a "1" is thin: the images labelled 1 have the fewest ink pixels on average
+    ink = (mnist.x > 0.5).flatten(1).sum(1).double()
+    per_class = torch.stack([ink[mnist.y == c].mean() for c in range(10)])
+    assert per_class.argmin().item() == 1
+
+
+def test_cifar10_labels_follow_the_class_folders(cifar):
+    """Every image carries the index of the folder it was read from, in torchvision's class order."""
+    import numpy as np
+    from PIL import Image
+
+    for c, name in enumerate(CIFAR10_CLASSES):
+        first = sorted((ROOT / "cifar10/test" / name).glob("*.jpg"))[0]
+        pixels = torch.from_numpy(np.asarray(Image.open(first).convert("RGB"))).permute(2, 0, 1)
+        same = (cifar.x == pixels.float()[None] / 255).flatten(1).all(1)
+        assert same.any(), f"{first} is not in the loaded set"
+        assert set(cifar.y[same].tolist()) == {c}, f"{first} should have label {c} ({name})"

@@ -169,3 +169,43 @@ def test_hooks_are_removed_even_after_an_error():
     with pytest.raises(RuntimeError):
         gates.record_gates(net, torch.randn(4, 7))  # shape error inside forward
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+
+
+def test_a_preactivation_of_exactly_zero_gives_gate_zero():
+    """The gate convention G = 1{q > 0}: zero pixels under a bias-free conv, and a zero row, give q = 0
+    exactly, and their gates are off (torch's ReLU has derivative 0 there, and outputs 0)."""
+    conv = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, bias=False), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(32, 3), nn.ReLU(), nn.Linear(3, 2))
+    with torch.no_grad():
+        conv[3].weight[0] = 0.0
+        conv[3].bias[0] = 0.0
+    x = torch.rand(2, 1, 4, 4)
+    x[:, :, :, :2] = 0.0  # zero pixels: the conv's pre-activation is exactly 0 where its window sees only them
+    rec = gates.record_gates(conv, x)
+    q, g = rec.preactivations["1"], rec.gates["1"]
+    assert (q == 0).any() and not g[q == 0].any() and g[q > 0].all()
+    assert (rec.preactivations["4"][:, 0] == 0).all() and not rec.gates["4"][:, 0].any()
+    xg = x.clone().requires_grad_(True)
+    conv(xg)[:, 0].sum().backward()
+    grad_relu_at_zero = torch.autograd.functional.jacobian(torch.relu, torch.zeros(1))
+    assert grad_relu_at_zero.item() == 0.0  # the convention the gates follow
+    torch.testing.assert_close(gates.run_with_gates(conv, x, rec.gates, rec.pool_indices), conv(x))
+
+
+def test_hooks_and_guard_are_removed_after_a_keyboard_interrupt():
+    """A BaseException (here a KeyboardInterrupt raised in a user's hook mid-forward) leaves no hook of
+    ours and no torch-function mode behind."""
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+
+    def interrupt(module, args, out):
+        raise KeyboardInterrupt
+
+    user_hook = net[2].register_forward_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        gates.record_gates(net, torch.randn(4, 3))
+    assert list(net[2]._forward_hooks.values()) == [interrupt]
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in (net, net[0], net[1]))
+    assert not net[2]._forward_pre_hooks
+    assert torch._C._len_torch_function_stack() == 0
+    user_hook.remove()
+    torch.relu(torch.randn(3))  # the guard no longer refuses functional calls

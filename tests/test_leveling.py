@@ -98,6 +98,65 @@ def test_routing_is_mutually_exclusive(seed, n):
 
 
 @settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), rule=st.sampled_from(lv.ROUTING_RULES), per_sample=st.booleans())
+def test_glm_inputs_match_the_slow_reference_with_fractional_routing_gates(seed, rule, per_sample):
+    model = trained_like(lv.FeatureLevelingNet([5, 4, 3], 2, rule=rule).double(), seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(6, 5, dtype=torch.float64, generator=g)
+    # routing gates as in training: a mix of exact 0, exact 1 and fractional values, per sample or shared
+    routing = []
+    for gate in model.routing:
+        shape = (6, gate.n) if per_sample else (gate.n,)
+        z = torch.rand(shape, generator=g, dtype=torch.float64)
+        z[z < 0.3] = 0.0
+        z[z > 0.7] = 1.0
+        routing.append(z)
+    fast = model.glm_inputs(x, routing)
+    slow = lv.glm_inputs_reference(model, x, routing)
+    assert len(fast) == len(slow) == 3
+    for a, b in zip(fast, slow):
+        torch.testing.assert_close(a, b)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_binary_rule_is_exclusive_in_training_and_complement_is_not(seed):
+    """Eq. 4 of the paper: a feature reaches the GLM layer iff its routing gate is exactly 0."""
+    torch.manual_seed(seed)
+    x = torch.randn(2000, 6, dtype=torch.float64) + 3.0  # no zero features
+    binary = lv.FeatureLevelingNet([6, 5], 2, init_log_alpha=0.0).double().train()
+    complement = lv.FeatureLevelingNet([6, 5], 2, init_log_alpha=0.0, rule="complement").double()
+    complement.load_state_dict(binary.state_dict())
+    complement.train()
+    z = binary.routing[0].sample((2000,))
+    fractional = (z > 0) & (z < 1)
+    assert fractional.any() and (z == 0).any()
+    to_glm_b = binary.glm_inputs(x, [z])[0]
+    to_glm_c = complement.glm_inputs(x, [z])[0]
+    # binary: the GLM copy is the feature where z == 0 and nothing else; never both ways
+    torch.testing.assert_close(to_glm_b, x * (z == 0))
+    assert not ((to_glm_b != 0) & (z > 0)).any()
+    # complement: fractional gates send a feature both ways
+    assert ((to_glm_c != 0) & fractional).sum() == fractional.sum()
+    # at test time the two rules compute the same function
+    binary.eval(), complement.eval()
+    torch.testing.assert_close(binary(x), complement(x))
+    # no gradient reaches the routing gate through the GLM copy under the binary rule (B is a step);
+    # under the complement rule it is -x
+    zg = z.clone().requires_grad_(True)
+    assert not binary.glm_inputs(x, [zg])[0].requires_grad
+    g_c, = torch.autograd.grad(complement.glm_inputs(x, [zg])[0].sum(), zg)
+    torch.testing.assert_close(g_c, -x)
+
+
+def test_bad_rule_is_rejected():
+    with pytest.raises(ValueError, match="rule"):
+        lv.FeatureLevelingNet([3, 2], 2, rule="soft")
+    with pytest.raises(ValueError, match="rule"):
+        lv.ConvFeatureLevelingNet(1, [2], 8, 2, rule="both")
+
+
+@settings(max_examples=10, deadline=None)
 @given(seed=st.integers(0, 10_000))
 def test_all_routing_gates_one_is_the_plain_fcnn(seed):
     model = trained_like(lv.FeatureLevelingNet([5, 7, 4], 2).double(), seed)
@@ -199,6 +258,30 @@ def test_conv_variant_routes_channels_and_matches_the_cnn():
         model(torch.rand(2, 3, 8, 8))
 
 
+def test_l0_penalty_is_the_closed_form_and_its_sign_routes_fewer_features_deeper():
+    torch.manual_seed(0)
+    model = lv.FeatureLevelingNet([3, 5, 4], 2)
+    with torch.no_grad():
+        for g in model.routing:
+            g.log_alpha.uniform_(-4, 4)
+    per_layer = []  # reference: sum_j (1 - P(z_j = 0)) per layer, gate by gate from the closed form
+    for g in model.routing:
+        total = 0.0
+        for a in g.log_alpha.tolist():
+            total += 1 - 1 / (1 + math.exp(-(g.beta * math.log(-g.gamma / g.zeta) - a)))
+        per_layer.append(total)
+    assert lv.l0_penalty(model).item() == pytest.approx(sum(per_layer) / len(per_layer), rel=1e-6)
+    assert lv.l0_penalty(model).item() >= 0
+    x, y = lv.make_ixor(512, seed=0)
+    deeper = {}
+    for lam in (0.0, 2.0):
+        torch.manual_seed(0)
+        net = lv.FeatureLevelingNet([3, 8], 2, init_log_alpha=0.0)
+        hist = lv.fit_leveling(net, (x, y), epochs=3, lam=lam, batch_size=64, progress=False)
+        deeper[lam] = sum(hist.deeper[-1])
+    assert deeper[2.0] < deeper[0.0], deeper
+
+
 def test_training_routes_and_reduces_penalty():
     x, y = lv.make_ixor(512, seed=0)
     torch.manual_seed(0)
@@ -248,3 +331,15 @@ def test_bad_inputs_give_clear_errors():
         lv.make_ixor(0)
     with pytest.raises(TypeError, match="pair"):
         lv.evaluate(model, torch.randn(3, 4))
+
+
+def test_per_point_scores_average_to_evaluate():
+    x, y = lv.make_ixor(300, seed=5)
+    torch.manual_seed(0)
+    model = lv.FeatureLevelingNet([3, 4], 2, init_log_alpha=0.0).eval()
+    s = lv.per_point_scores(model, (x, y))
+    assert s.shape == (300,) and set(s.unique().tolist()) <= {0.0, 1.0}
+    assert abs(s.mean().item() - lv.evaluate(model, (x, y))) < 1e-12
+    reg = lv.FeatureLevelingNet([3, 4], 1).eval()
+    e = lv.per_point_scores(reg, (x, y.double()), "regression")
+    assert abs(e.mean().sqrt().item() - lv.evaluate(reg, (x, y.double()), "regression")) < 1e-9

@@ -99,6 +99,8 @@ def test_permuted_gates_are_applied_in_the_stated_order(perm, ones, seed):
         trace = dgn.trace(x)
         ref = models.gated_forward_reference(dgn, x)
     torch.testing.assert_close(trace.output, ref, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():  # the forward pass itself (not only the trace) applies the permutation
+        torch.testing.assert_close(dgn(x), ref, rtol=1e-12, atol=1e-12)
     for l, i in enumerate(perm):
         assert torch.equal(trace.gates[l], (trace.gating_preactivations[i] > 0).double())
         assert torch.equal(trace.value_outputs[l], trace.value_preactivations[l] * trace.gates[l])

@@ -172,3 +172,30 @@ def test_count_paths_needs_input_or_shape_and_rejects_unknown_layers():
 
 def test_parameter_count():
     assert paths.parameter_count(random_fc([3, 4, 2], True, 0)) == 3 * 4 + 4 + 4 * 2 + 2
+
+
+def test_activity_ignores_zero_inputs_and_a_zero_preactivation_closes_the_gate():
+    """A(x, p) is a product of gates only: a path from an input coordinate that is exactly 0 is still
+    active when its gates are on (its feature is 0, its activity is not), and a unit whose pre-activation
+    is exactly 0 has gate 0 (the ReLU's derivative at 0 in torch), so every path through it is inactive."""
+    net = random_fc([4, 3, 3, 2], True, 1)
+    with torch.no_grad():  # hidden unit 1 of layer 1 gets q = 0 exactly: zero weights, zero bias
+        net[0].weight[1] = 0.0
+        net[0].bias[1] = 0.0
+    x = torch.randn(6, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    x[:, 0] = 0.0  # a zero pixel
+    x[2] = 0.0  # an all-zero input
+    A = paths.path_activity(net, x)
+    idx = paths.path_index(net)
+    rec = gates.record_gates(net, x)
+    q = list(rec.preactivations.values())
+    assert (q[0][:, 1] == 0).all() and not rec.gates[rec.names[0]][:, 1].any()
+    for n, k in itertools.product(range(6), range(idx.shape[0])):  # reference: the product of gates, from q
+        p = idx[k].tolist()
+        on = all(p[l] == q[l - 1].shape[1] or bool(q[l - 1][n, p[l]] > 0) for l in range(1, len(p)))
+        assert bool(A[n, k]) == on, (n, p)
+    from_zero_pixel = idx[:, 0] == 0
+    assert A[:, from_zero_pixel].any(), "paths from a zero pixel must stay active where their gates are on"
+    assert not A[:, idx[:, 1] == 1].any(), "no path through a unit with q = 0 is active"
+    phi = paths.neural_path_features(net, x)
+    assert (phi[:, from_zero_pixel] == 0).all()

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dualview import projections as P
-from dualview.gates import UnsupportedLayerError
+from dualview.gates import UnsupportedLayerError, record_gates, register_linear_layer
 
 
 def fc_net(widths=(6, 5, 4)) -> nn.Module:
@@ -197,3 +197,105 @@ def test_bad_inputs_give_clear_errors():
     p = P.switched_projections(net, x)
     with pytest.raises(KeyError, match="no layer"):
         p.layer("nope", p.weight)
+
+
+# --------------------------------------------------------------------------------------------------
+# The receptive-field fast path of insens (structure=True) against the per-neuron reference
+
+
+def _random_bn(net: nn.Module) -> nn.Module:
+    with torch.no_grad():
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(-1.5, 1.5)
+                m.bias.uniform_(-0.3, 0.3)
+    return net.double().eval()
+
+
+class _Shift(nn.Module):
+    """A point-wise affine map that declares itself so (as zoo.Normalize does)."""
+
+    pointwise = True
+
+    def forward(self, x):
+        return 2.0 * x - 0.5
+
+
+register_linear_layer(_Shift)
+
+# every layer type the fast path handles, with strides, padding, dilation, pools, point-wise maps,
+# nested Sequentials, several input channels, receptive fields larger than the image, and tails
+STRUCTURED = {
+    "conv-pool-fc": (lambda: nn.Sequential(
+        nn.Conv2d(2, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 5, 3, padding=1), nn.ReLU(),
+        nn.Flatten(), nn.Linear(125, 7), nn.ReLU(), nn.Linear(7, 3)), (2, 12, 12)),
+    "stride-dilation-avgpool": (lambda: nn.Sequential(
+        _Shift(), nn.Conv2d(1, 3, 3, stride=2, padding=2, dilation=2), nn.ReLU(), nn.AvgPool2d(2),
+        nn.Flatten(), nn.Linear(27, 4)), (1, 12, 12)),
+    "batchnorm-nested-dropout": (lambda: nn.Sequential(
+        nn.Sequential(nn.Conv2d(1, 3, (3, 2)), nn.BatchNorm2d(3), nn.ReLU()), nn.Flatten(),
+        nn.Linear(330, 6), nn.ReLU(), nn.Dropout(0.2), nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2)), (1, 12, 12)),
+    "overlapping-pool": (lambda: nn.Sequential(
+        nn.Conv2d(1, 2, 5), nn.ReLU(), nn.MaxPool2d(2, stride=1), nn.Conv2d(2, 2, 5, padding=3), nn.ReLU(),
+        nn.Flatten(), nn.Linear(162, 3)), (1, 12, 12)),
+    "field-over-image-height": (lambda: nn.Sequential(
+        nn.Conv2d(1, 2, 5, padding=2), nn.ReLU(), nn.Conv2d(2, 2, 5, padding=2), nn.ReLU(), nn.Flatten(),
+        nn.Linear(280, 3)), (1, 7, 20)),
+    "relu-after-flatten": (lambda: nn.Sequential(
+        nn.Conv2d(1, 2, 3), nn.Flatten(), nn.ReLU(), nn.Linear(200, 3)), (1, 12, 12)),
+}
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 3), kind=st.sampled_from(sorted(STRUCTURED)),
+       chunk=st.sampled_from([7, 64, 1024]))
+def test_insens_fast_path_equals_reference_on_random_conv_nets(seed, n, kind, chunk):
+    torch.manual_seed(seed)
+    make, shape = STRUCTURED[kind]
+    net = _random_bn(make())
+    x = torch.randn(n, *shape, dtype=torch.float64)
+    x[:, :, :2] = 0.0  # zero pixels, as on real digits
+    names = record_gates(net, x).names
+    assert P._conv_plan(net, x, names) is not None, "the fast path must be taken for this network"
+    fast = P.insens(net, x, chunk_size=chunk)
+    ref = P.insens_reference(net, x)
+    torch.testing.assert_close(fast.omega, ref.omega, rtol=1e-10, atol=1e-12)
+    assert torch.equal(fast.n_inactive, ref.n_inactive) and torch.equal(fast.n_cut_off, ref.n_cut_off)
+    generic = P.insens(net, x, structure=False)
+    torch.testing.assert_close(fast.omega, generic.omega, rtol=1e-10, atol=1e-12)
+
+
+class _Residual(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.relu, self.flat, self.fc = nn.Conv2d(1, 1, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(36, 2)
+
+    def forward(self, x):
+        return self.fc(self.flat(self.relu(self.conv(x)) + x))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True), nn.Flatten(), nn.Linear(8, 2)),
+    lambda: nn.Sequential(nn.Conv2d(1, 2, 3, padding=1, padding_mode="circular"), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(72, 2)),
+    lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(2, 2)),
+    lambda: _Residual(),
+], ids=["ceil-mode", "circular", "global-pool", "custom-forward"])
+def test_insens_declines_the_fast_path_where_fields_are_unknown_and_stays_exact(make):
+    torch.manual_seed(0)
+    net = make().double().eval()
+    x = torch.randn(2, 1, 6, 6, dtype=torch.float64)
+    assert P._conv_plan(net, x, record_gates(net, x).names) is None
+    torch.testing.assert_close(P.insens(net, x).omega, P.insens_reference(net, x).omega, rtol=1e-10, atol=1e-12)
+
+
+def test_insens_fast_path_on_the_pretrained_cnn(mnist_cnn_and_digits):
+    model, x = mnist_cnn_and_digits
+    assert P._conv_plan(model, x, record_gates(model, x).names) is not None  # Normalize is point-wise
+    # against the generic sweep over all 784 pixels (itself checked against the per-neuron reference
+    # above; the reference on all 15,220 neurons takes a minute, so benchmarks/insens.py runs it)
+    fast, generic = P.insens(model, x), P.insens(model, x, structure=False)
+    assert ((fast.omega - generic.omega).abs().max() / generic.omega.abs().max()).item() <= 1e-5
+    assert torch.equal(fast.n_inactive, generic.n_inactive) and torch.equal(fast.n_cut_off, generic.n_cut_off)

@@ -365,6 +365,58 @@ def test_deletion_curve(resnet20, cifar_batch):
     assert curve.area().shape == (3,)
 
 
+def test_insertion_curve(resnet20, cifar_batch):
+    x = cifar_batch[:3]
+    scores = torch.rand(3, 32, 32)
+    grey = torch.tensor([0.485, 0.456, 0.406])
+    ins = pb.deletion_curve(resnet20, x, [0, 1, 2], scores, baseline=grey, fractions=[0.0, 0.3, 1.0], mode="insertion")
+    dele = pb.deletion_curve(resnet20, x, [0, 1, 2], -scores, baseline=grey, fractions=[0.0, 0.7, 1.0])
+    with torch.no_grad():
+        assert torch.allclose(ins.target_logit[0], resnet20(grey.view(1, 3, 1, 1).expand_as(x))[[0, 1, 2], [0, 1, 2]],
+                              atol=1e-5)
+        assert torch.allclose(ins.target_logit[-1], resnet20(x)[[0, 1, 2], [0, 1, 2]], atol=1e-5)
+    # inserting the top 30 % by score = deleting the bottom 70 % (the top 70 % of -scores)
+    assert torch.allclose(ins.target_logit[1], dele.target_logit[1], atol=1e-5)
+    with pytest.raises(ValueError, match="mode"):
+        pb.deletion_curve(resnet20, x, 0, scores, mode="sideways")
+
+
+def _tv_reference(m: torch.Tensor) -> float:
+    c, h, w = m.shape
+    tv = sum(abs(float(m[k, i + 1, j] - m[k, i, j])) for k in range(c) for i in range(h - 1) for j in range(w))
+    tv += sum(abs(float(m[k, i, j + 1] - m[k, i, j])) for k in range(c) for i in range(h) for j in range(w - 1))
+    return tv / float(m.abs().sum())
+
+
+def test_total_variation():
+    torch.manual_seed(0)
+    m = torch.randn(3, 2, 7, 5, dtype=torch.float64)
+    tv = pb.total_variation(m)
+    assert torch.allclose(tv, torch.tensor([_tv_reference(mi) for mi in m], dtype=m.dtype))
+    assert torch.allclose(pb.total_variation(5 * m), tv)                      # scale-free
+    assert pb.total_variation(torch.ones(1, 6, 6)).item() == 0
+    board = (-1.0) ** (torch.arange(6)[:, None] + torch.arange(6)[None, :]).double()
+    assert abs(pb.total_variation(board[None]).item() - 2 * (2 * 5 * 6) / 36) < 1e-12
+    with pytest.raises(ValueError):
+        pb.total_variation(torch.ones(4, 4))
+
+
+def test_high_frequency_share():
+    n = 16
+    i = torch.arange(n, dtype=torch.float64)
+    board = (-1.0) ** (i[:, None] + i[None, :])                  # Nyquist in both directions
+    wave = torch.cos(2 * torch.pi * i[:, None] / n).expand(n, n)  # one cycle per image: low frequency
+    hf = pb.high_frequency_share(torch.stack([board, wave, torch.ones(n, n, dtype=torch.float64)]))
+    assert torch.allclose(hf, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), atol=1e-12)
+    # Parseval: the share of white noise above the cutoff is the share of frequency cells above it
+    torch.manual_seed(0)
+    noise = torch.randn(400, 1, n, n, dtype=torch.float64)
+    f = torch.fft.fftfreq(n, dtype=torch.float64)
+    cells = ((f[:, None] ** 2 + f[None, :] ** 2).sqrt() > 0.25).double().mean()
+    assert abs(pb.high_frequency_share(noise).mean() - cells) < 0.01
+    assert torch.allclose(pb.high_frequency_share(3 * noise[:2]), pb.high_frequency_share(noise[:2]))
+
+
 # ------------------------------------------------------------------------------------------------
 # bad inputs
 
@@ -449,3 +501,31 @@ def test_errors():
         pb.rescale_norm(1.0, (3, 32, 32), value_range=0)
     with pytest.raises(TypeError, match="Sequential"):
         pb.excitation_path_features(net, x)
+
+
+def test_the_max_pool_surrogate_is_on_by_default():
+    """``pool_temperature=None`` means "the ReLU's temperature": the default call equals the explicit one,
+    and differs from hard pools (the paper's Listing 2 softens max-pools too). Checked against Zennit's
+    ReLU rule on a network without max-pools, where the pool setting must not matter."""
+    net = conv_net(3, torch.float64)
+    x = torch.rand(4, 3, 16, 16, dtype=torch.float64)
+    default = pb.excitation_pullback(net, x, 2, temperature=0.3)
+    explicit = pb.excitation_pullback(net, x, 2, temperature=0.3, pool_temperature=0.3)
+    hard = pb.excitation_pullback(net, x, 2, temperature=0.3, pool_temperature=0)
+    torch.testing.assert_close(default, explicit, rtol=0, atol=0)
+    assert (default - hard).abs().max() > 1e-3 * hard.abs().max()
+    no_pools = nn.Sequential(*[m for m in net if not isinstance(m, nn.MaxPool2d)][:-3], nn.Flatten(),
+                             nn.LazyLinear(5)).double()
+    no_pools(x)  # materialise the lazy layer
+    torch.testing.assert_close(pb.excitation_pullback(no_pools, x, 1, temperature=0.3),
+                               zennit_pullback(no_pools, x, 1, 0.3), rtol=1e-10, atol=1e-12)
+
+
+def test_model_restored_after_a_keyboard_interrupt(resnet20, cifar_batch):
+    before = snapshot(resnet20)
+    with pytest.raises(KeyboardInterrupt):
+        with pb.excitation_backward(resnet20):
+            resnet20(cifar_batch[:2])
+            raise KeyboardInterrupt
+    assert_restored(resnet20, before)
+    assert torch._C._len_torch_function_stack() == 0

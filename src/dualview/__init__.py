@@ -1,7 +1,8 @@
 """dualview: the dual (path) view of ReLU networks, as a small tested library.
 
 Modules are named after the concepts of the book: :mod:`dualview.gates`, :mod:`dualview.paths`,
-:mod:`dualview.data`, :mod:`dualview.zoo`, :mod:`dualview.train`, :mod:`dualview.plot`.
+:mod:`dualview.data`, :mod:`dualview.zoo`, :mod:`dualview.train`, :mod:`dualview.plot`,
+:mod:`dualview.stats` (seeds, confidence intervals and paired comparisons behind every comparative claim).
 """
 from __future__ import annotations
 

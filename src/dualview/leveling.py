@@ -3,11 +3,16 @@
 A feature-leveling network (Section 3 of :cite:`featureleveling2020`) is a fully connected ReLU
 network whose final linear layer (the *GLM layer*) reads, besides the last hidden layer, every
 feature that some hidden layer chose *not* to pass on. At the input of hidden layer ``k`` each
-feature ``j`` has a **routing gate** ``z_kj``: layer ``k`` reads ``z_kj`` times the feature and the
-GLM layer ``(1 - z_kj)`` times it (Eq. 3-4 of the paper). In training ``z`` is sampled, and is
-exactly 0 or 1 most of the time; at test time it is fixed to 0 or 1, so each feature goes one way
-only: with ``z_kj = 0`` it is a level-``k`` feature, read directly by the GLM layer. The word *gate* alone means, everywhere in this book, the on/off state of a
-ReLU; the routing gates are a different object and are always called so.
+feature ``j`` has a **routing gate** ``z_kj``: layer ``k`` reads ``z_kj`` times the feature, and the
+GLM layer reads ``B(z_kj)`` times it, where ``B(z) = 1`` if ``z = 0`` exactly and ``0`` otherwise
+(Eq. 4 of the paper: a feature reaches the GLM layer "if and only if the gate is exactly zero"). So
+the routing is exclusive even in training, when ``z`` is sampled and may lie strictly between 0 and
+1: such a feature goes deeper, scaled by ``z``, and not to the GLM layer. This is the default
+``rule="binary"``; ``rule="complement"`` is a variant that instead sends ``(1 - z_kj)`` times the
+feature to the GLM layer, fractional values going both ways in training. At test time ``z`` is fixed
+to 0 or 1 and the two rules compute the same function: with ``z_kj = 0`` the feature is a
+level-``k`` feature, read directly by the GLM layer. The word *gate* alone means, everywhere in this
+book, the on/off state of a ReLU; the routing gates are a different object and are always called so.
 
 Routing gates are *hard-concrete* random variables (:cite:`louizos2018learning`, Section 2.2): with
 ``u ~ U(0, 1)``, a learnable ``log_alpha``, temperature ``beta = 2/3`` and the stretch interval
@@ -38,7 +43,6 @@ This module holds
 """
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -64,14 +68,29 @@ __all__ = [
     "l0_penalty",
     "fit_leveling",
     "evaluate",
+    "per_point_scores",
     "level_contributions",
     "level_gradients",
     "make_ixor",
     "ixor_labels_reference",
+    "glm_inputs_reference",
     "Routing",
+    "ROUTING_RULES",
 ]
 
 BETA, GAMMA, ZETA = 2.0 / 3.0, -0.1, 1.1
+#: How a routing gate ``z`` weighs the copy of a feature sent to the GLM layer (the copy sent deeper is
+#: always ``z`` times the feature). ``"binary"``: ``B(z) = 1[z == 0]``, Eq. 4 of the feature-leveling paper;
+#: ``"complement"``: ``1 - z``. The two agree whenever ``z`` is 0 or 1 (always at test time).
+ROUTING_RULES = ("binary", "complement")
+
+
+def _check_rule(rule: str) -> str:
+    if rule not in ROUTING_RULES:
+        raise ValueError(f"rule must be one of {ROUTING_RULES} ('binary': a feature reaches the GLM layer only "
+                         f"when its routing gate is exactly 0, Eq. 4 of the paper; 'complement': the GLM layer "
+                         f"reads (1 - z) times it), got {rule!r}")
+    return rule
 
 
 # --------------------------------------------------------------------------------------------------
@@ -84,7 +103,7 @@ class HardConcreteGate(nn.Module):
     In training mode ``forward(batch_shape)`` samples one gate per feature and per sample, shape
     ``(*batch_shape, n)``; in eval mode it returns the deterministic test-time gates (shape ``(n,)``,
     which broadcast). ``init_log_alpha`` sets every gate's starting ``log_alpha``: the default 3
-    opens a gate with probability ``P(z != 0) = 0.99`` (every feature starts by going deeper).
+    opens a routing gate with probability ``P(z != 0) = 0.99`` (every feature starts by going deeper).
     """
 
     def __init__(self, n: int, init_log_alpha: float = 3.0, beta: float = BETA, gamma: float = GAMMA,
@@ -162,6 +181,18 @@ class _Leveling(nn.Module):
     """What the fully connected and convolutional leveling networks share."""
 
     routing: nn.ModuleList
+    rule: str
+
+    def to_glm(self, z: Tensor) -> Tensor:
+        """The weight of a feature's copy sent to the GLM layer, given its routing gate ``z``.
+
+        ``rule="binary"`` (Eq. 4 of :cite:`featureleveling2020`): ``B(z) = 1`` iff ``z == 0``, so a
+        feature whose gate is strictly positive goes deeper only, even while ``z`` is fractional in
+        training. ``rule="complement"``: ``1 - z``. No gradient flows into ``z`` through ``B``.
+        """
+        if self.rule == "binary":
+            return (z == 0).to(z.dtype)
+        return 1 - z
 
     def _check_routing(self, routing: Sequence[Tensor] | None) -> None:
         if routing is None:
@@ -207,13 +238,20 @@ class FeatureLevelingNet(_Leveling):
 
     ``widths = [d, w_1, ..., w_K]``: input dimension and hidden widths. Hidden layer ``k`` reads
     ``z_k * h_{k-1}`` (``h_0`` the flattened input) and outputs ``h_k = ReLU(W_k (z_k * h_{k-1}) + b_k)``;
-    the GLM layer is one ``nn.Linear`` reading ``[(1 - z_1) h_0, ..., (1 - z_K) h_{K-1}, h_K]``. In
+    the GLM layer is one ``nn.Linear`` reading ``[B(z_1) h_0, ..., B(z_K) h_{K-1}, h_K]``. In
     training mode ``z`` is sampled per sample and feature; in eval mode it is the rounded test-time
     gate (``routing_gates``), 0 or 1, so every feature goes one way only.
+
+    ``rule`` says what the GLM layer reads of a feature with routing gate ``z``: ``"binary"`` (default,
+    the paper's Eq. 4) ``B(z) h`` with ``B(z) = 1[z == 0]``, so the routing is exclusive in training
+    too; ``"complement"`` ``(1 - z) h`` (fractional gates send a feature both ways in training). The
+    rules differ only in training: at test time the gates are 0 or 1.
     """
 
-    def __init__(self, widths: Sequence[int], out_features: int, init_log_alpha: float = 3.0) -> None:
+    def __init__(self, widths: Sequence[int], out_features: int, init_log_alpha: float = 3.0,
+                 rule: str = "binary") -> None:
         super().__init__()
+        self.rule = _check_rule(rule)
         self.widths = _check_widths(widths, out_features, "FeatureLevelingNet")
         self.out_features = int(out_features)
         self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(self.widths[:-1], self.widths[1:]))
@@ -236,7 +274,7 @@ class FeatureLevelingNet(_Leveling):
         parts = []
         for k, (layer, relu, gate) in enumerate(zip(self.hidden, self.relus, self.routing)):
             z = self._gate(k, h, routing)
-            parts.append(h * (1 - z))
+            parts.append(h * self.to_glm(z))
             h = relu(layer(h * z))
         parts.append(h)
         return parts
@@ -270,14 +308,17 @@ class ConvFeatureLevelingNet(_Leveling):
     """The convolutional variant (Section 5.4 and Appendix A.11 of :cite:`featureleveling2020`).
 
     Layer ``k`` is ``Conv2d -> ReLU -> MaxPool2d(2)`` on ``z_k * h_{k-1}`` (one routing gate per
-    channel, scaling the whole map). The channels routed to the GLM layer, ``(1 - z_k) * h_{k-1}``,
-    are first reduced by a linear 1x1 convolution to ``reduce_channels`` maps (no
+    channel, scaling the whole map). The channels routed to the GLM layer, ``B(z_k) * h_{k-1}`` (or
+    ``(1 - z_k) * h_{k-1}`` with ``rule="complement"``, as in :class:`FeatureLevelingNet`), are first
+    reduced by a linear 1x1 convolution to ``reduce_channels`` maps (no
     activation, so the GLM layer stays linear in the level features), then flattened.
     """
 
     def __init__(self, in_channels: int, channels: Sequence[int], image_size: int, out_features: int,
-                 kernel_size: int = 3, reduce_channels: int = 1, init_log_alpha: float = 3.0) -> None:
+                 kernel_size: int = 3, reduce_channels: int = 1, init_log_alpha: float = 3.0,
+                 rule: str = "binary") -> None:
         super().__init__()
+        self.rule = _check_rule(rule)
         widths = _check_widths([in_channels, *channels], out_features, "ConvFeatureLevelingNet")
         if image_size < 2 ** len(channels) or reduce_channels < 1:
             raise ValueError(f"image_size {image_size} is too small for {len(channels)} 2x2 poolings, or "
@@ -303,7 +344,7 @@ class ConvFeatureLevelingNet(_Leveling):
         for k in range(len(self.hidden)):
             z = self._gate(k, h, routing)
             z = z[..., None, None]
-            parts.append(self.reduce[k](h * (1 - z)).flatten(1))
+            parts.append(self.reduce[k](h * self.to_glm(z)).flatten(1))
             h = self.pools[k](self.relus[k](self.hidden[k](h * z)))
         parts.append(h.flatten(1))
         return parts
@@ -504,8 +545,10 @@ def _task_loss(out: Tensor, y: Tensor, task: str) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data, task: str = "classification", batch_size: int = 2000) -> float:
-    """Test accuracy (classification) or root mean squared error (regression), in eval mode."""
+def per_point_scores(model: nn.Module, data, task: str = "classification", batch_size: int = 2000) -> Tensor:
+    """One score per test point, in eval mode: 1.0/0.0 for a correct/wrong prediction (classification) or
+    the squared error (regression). Their mean is :func:`evaluate`'s accuracy (or its RMSE squared); they
+    are what :mod:`dualview.stats` bootstraps over."""
     if task not in _TASKS:
         raise ValueError(f"task must be one of {_TASKS}, got {task!r}")
     x, y = _xy(data)
@@ -515,8 +558,15 @@ def evaluate(model: nn.Module, data, task: str = "classification", batch_size: i
     out = torch.cat([model(c.to(device=p.device, dtype=p.dtype)).cpu() for c in x.split(batch_size)])
     model.train(was)
     if task == "classification":
-        return (out.argmax(1) == y).double().mean().item()
-    return (out.reshape(y.shape).double() - y.double()).pow(2).mean().sqrt().item()
+        return (out.argmax(1) == y.cpu()).double()
+    return (out.reshape(y.shape).double() - y.cpu().double()).pow(2)
+
+
+def evaluate(model: nn.Module, data, task: str = "classification", batch_size: int = 2000) -> float:
+    """Test accuracy (classification) or root mean squared error (regression), in eval mode: the mean of
+    :func:`per_point_scores` (its square root for regression)."""
+    mean = per_point_scores(model, data, task, batch_size).mean().item()
+    return mean if task == "classification" else mean ** 0.5
 
 
 def fit_leveling(
@@ -659,6 +709,33 @@ def make_ixor(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tupl
     x = torch.stack([4 * u[:, 0] - 2, 4 * u[:, 1] - 2, u[:, 2]], 1)
     y = ((x[:, 0] * x[:, 1] > 0) & (x[:, 2] > 0.5)).long()
     return x.to(dtype), y
+
+
+def glm_inputs_reference(model: FeatureLevelingNet, x: Tensor, routing: Sequence[Tensor]) -> list[Tensor]:
+    """What the GLM layer of a :class:`FeatureLevelingNet` reads, one sample and one feature at a time.
+
+    The slow, obviously-correct reference for :meth:`FeatureLevelingNet.glm_inputs` with given routing
+    gates ``routing[k]`` of shape ``(n_k,)`` or ``(N, n_k)``: for sample ``i`` and feature ``j`` of
+    ``h_{k-1}``, the GLM layer receives ``h_{k-1, ij}`` if ``z_kij == 0`` and ``0`` otherwise under the
+    paper's rule (Eq. 4), or ``(1 - z_kij) h_{k-1, ij}`` under ``rule="complement"``; hidden layer ``k``
+    receives ``z_kij h_{k-1, ij}`` and computes ``ReLU(sum_j W_mj (z h)_j + b_m)`` unit by unit.
+    """
+    rows: list[list[list[float]]] = [[] for _ in model.widths[:-1]] + [[]]
+    for i, xi in enumerate(x.flatten(1).tolist()):
+        h = xi
+        for k, layer in enumerate(model.hidden):
+            z = routing[k] if routing[k].dim() == 1 else routing[k][i]
+            z = z.tolist()
+            if model.rule == "binary":
+                rows[k].append([hj if zj == 0 else 0.0 for hj, zj in zip(h, z)])
+            else:
+                rows[k].append([(1.0 - zj) * hj for hj, zj in zip(h, z)])
+            inp = [zj * hj for hj, zj in zip(h, z)]
+            W, b = layer.weight.tolist(), layer.bias.tolist()
+            h = [max(0.0, sum(w * v for w, v in zip(W[m], inp)) + b[m]) for m in range(len(b))]
+        rows[-1].append(h)
+    dt = model.glm.weight.dtype
+    return [torch.tensor(r, dtype=dt) for r in rows]
 
 
 def ixor_labels_reference(x: Tensor) -> Tensor:

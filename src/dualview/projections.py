@@ -46,6 +46,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dualview.gates import record_gates, run_with_gates
@@ -300,16 +301,190 @@ def switched_projections_reference(
 
 
 # --------------------------------------------------------------------------------------------------
+# The structured fast path of Insens: receptive fields compress the Jacobian of convolutional layers
+
+
+@dataclass
+class _ConvPlan:
+    """How :func:`insens` takes ``|w_i|^2`` of a plain conv net: ``Sequential(spatial part, Flatten, tail)``.
+
+    A neuron of the spatial part (convolutions, pools, point-wise maps) depends only on the input pixels of
+    its receptive field, at most ``period`` pixels apart in each direction. Input pixels whose coordinates
+    agree modulo ``period`` (and share a channel) never meet in one receptive field, so one forward-mode
+    direction can carry all of them at once (Jacobian compression by colouring the columns, as in sparse
+    automatic differentiation): ``C * period_h * period_w`` directions instead of ``C * H * W``, and each
+    neuron reads its own Jacobian entries off them exactly. The tail after ``Flatten`` (Linear, ReLU)
+    mixes all pixels: its switched weights come from the flattened layer's Jacobian, re-assembled from the
+    compressed one (``pixel`` maps each flattened unit and direction to its input pixel), times the tail's
+    weights and gates.
+    """
+
+    directions: Tensor            # (K, C*H*W) 0/1 rows: the colour classes of the input coordinates
+    pixel: Tensor                 # (P, K) input coordinate of each flattened position per direction, or d
+    channels: int                 # channels of the flattened layer (its units are channels x P positions)
+    spatial: list[tuple[str, nn.Module]]       # (name, module) before the Flatten, in order
+    tail: list[tuple[str | None, nn.Module]]   # (site name or None, module) after the Flatten, in order
+
+
+_POINTWISE = (nn.ReLU, nn.BatchNorm2d, nn.Dropout, nn.Identity)
+_WINDOWED = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)
+
+
+def _pair(v) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _conv_plan(model: nn.Module, x: Tensor, names: list[str]) -> _ConvPlan | None:
+    """The fast path's plan for ``model`` on inputs shaped like ``x``, or ``None`` where its structure is
+    not a plain ``Sequential`` conv net (then :func:`insens` uses the generic forward-mode sweep)."""
+    if x.dim() != 4:
+        return None
+    leaves: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        children = list(module.children())
+        if children:
+            if type(module) is not nn.Sequential:
+                return None  # a custom forward may reorder, reuse or add: only plain Sequential trees
+            continue
+        leaves.append((name, module))
+    flat_at = [k for k, (_, m) in enumerate(leaves) if isinstance(m, nn.Flatten)]
+    if len(flat_at) != 1 or len({id(m) for _, m in leaves}) != len(leaves):
+        return None
+    spatial, flatten, tail = leaves[:flat_at[0]], leaves[flat_at[0]][1], leaves[flat_at[0] + 1:]
+    if flatten.start_dim != 1 or flatten.end_dim != -1:
+        return None
+    # receptive field (size, jump, start) per spatial direction, through the spatial part
+    size, jump, start = [1, 1], [1, 1], [0, 0]
+    for _, m in spatial:
+        if isinstance(m, _WINDOWED):
+            if getattr(m, "ceil_mode", False) or (isinstance(m, nn.Conv2d) and m.padding_mode != "zeros"):
+                return None  # ceil mode and circular padding move fields across the border
+            if isinstance(m, nn.Conv2d) and isinstance(m.padding, str):
+                return None
+            k, s, p = _pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding)
+            dil = _pair(getattr(m, "dilation", 1))
+            for a in range(2):
+                size[a] += (k[a] - 1) * dil[a] * jump[a]
+                start[a] -= p[a] * jump[a]
+                jump[a] *= s[a]
+        elif not (isinstance(m, _POINTWISE) or getattr(type(m), "pointwise", False)):
+            return None
+    if any(not isinstance(m, (nn.Linear, nn.ReLU, nn.Dropout, nn.Identity)) for _, m in tail):
+        return None
+    relu_names = [n for n, m in spatial + tail if isinstance(m, nn.ReLU)]
+    if relu_names != names:
+        return None  # every ReLU module is one site, named by its path (record_gates' names)
+    tail_names = [n for n, m in tail if isinstance(m, nn.ReLU)]
+    c, h, w = x.shape[1:]
+    period = (min(size[0], h), min(size[1], w))
+    n_dir = c * period[0] * period[1]
+    if n_dir >= c * h * w:
+        return None  # no compression to gain
+    # the flattened layer's shape, from one forward pass of a single input through the spatial part
+    with torch.no_grad():
+        z = x[:1]
+        for _, m in spatial:
+            z = m(z)
+    fc, fh, fw = z.shape[1:]
+    dev = x.device
+    # direction of input coordinate (ch, r, s): (ch, r mod P_h, s mod P_w)
+    ch, r, s = torch.meshgrid(torch.arange(c, device=dev), torch.arange(h, device=dev),
+                              torch.arange(w, device=dev), indexing="ij")
+    colour = (ch * period[0] + r % period[0]) * period[1] + s % period[1]
+    directions = torch.zeros(n_dir, c * h * w, dtype=x.dtype, device=dev)
+    directions[colour.flatten(), torch.arange(c * h * w, device=dev)] = 1
+    # pixel of colour (ch, a, b) in the field of flattened unit (f, y, x): the unique r in [lo, lo + P)
+    # with r = a mod P, kept if it lies inside the image
+    def rows(a_len, out_len, axis, limit):
+        lo = start[axis] + jump[axis] * torch.arange(out_len, device=dev)[:, None]  # field start (unclipped)
+        first = lo.clamp_min(0)  # field and image meet in [first, min(lo + size, limit)), at most a_len long
+        a = torch.arange(a_len, device=dev)[None, :]
+        pos = first + (a - first) % a_len
+        return pos, pos < torch.clamp(lo + size[axis], max=limit)
+    pr, okr = rows(period[0], fh, 0, h)   # (fh, P_h)
+    ps, oks = rows(period[1], fw, 1, w)   # (fw, P_w)
+    coord = (torch.arange(c, device=dev)[None, None, :, None, None] * h
+             + pr[:, None, None, :, None]) * w + ps[None, :, None, None, :]        # (fh, fw, C, P_h, P_w)
+    ok = okr[:, None, None, :, None] & oks[None, :, None, None, :]
+    coord = torch.where(ok, coord, torch.full_like(coord, c * h * w)).reshape(fh * fw, n_dir)
+    sites = iter(tail_names)
+    return _ConvPlan(directions, coord, fc, spatial,
+                     [(next(sites) if isinstance(m, nn.ReLU) else None, m) for _, m in tail])
+
+
+def _sq_norms_conv(model: nn.Module, x: Tensor, rec, names: list[str], plan: _ConvPlan,
+                   chunk_size: int) -> dict[str, Tensor]:
+    """``|w_i|^2`` of every hidden neuron through the plan: compressed forward mode for the spatial part,
+    the re-assembled dense Jacobian of the flattened layer times the tail for the rest."""
+    n, d = x.shape[0], x[0].numel()
+    sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
+    flat_cols = []
+    k = max(1, chunk_size // n)
+    gates = {name: rec.gates[name].to(x.dtype) for name, m in plan.spatial if isinstance(m, nn.ReLU)}
+    for rows in torch.arange(plan.directions.shape[0], device=x.device).split(k):
+        # the frozen network's linear part, layer by layer, on the directions; until the first gate or
+        # max-pool the tangents are the same for every input, so they run once, not once per input
+        t, shared = plan.directions[rows].to(x.dtype).reshape(len(rows), *x.shape[1:]), True
+        for name, m in plan.spatial:
+            if isinstance(m, nn.Conv2d):
+                t = F.conv2d(t, m.weight.to(t.dtype), None, m.stride, m.padding, m.dilation, m.groups)
+            elif isinstance(m, nn.ReLU):
+                t = t.view(len(rows), 1 if shared else n, *t.shape[1:])
+                sq[name] += torch.einsum("kni,kni->ni", t.flatten(2), t.flatten(2))  # broadcasts if shared
+                t, shared = (t * gates[name]).flatten(0, 1), False
+            elif isinstance(m, nn.MaxPool2d):  # each window passes its winner's tangent
+                idx = rec.pool_indices[name]
+                t = t.view(len(rows), 1 if shared else n, t.shape[1], -1)
+                t, shared = torch.take_along_dim(t, idx.flatten(2)[None], dim=3).reshape(-1, *idx.shape[1:]), False
+            elif isinstance(m, nn.AvgPool2d):
+                t = m(t)
+            elif not isinstance(m, (nn.Dropout, nn.Identity)):  # point-wise affine (BatchNorm, Normalize)
+                t = torch.func.jvp(m, (torch.zeros_like(t),), (t,))[1]
+        t = t.reshape(len(rows), 1 if shared else n, -1)
+        flat_cols.append(t.expand(len(rows), n, t.shape[2]))
+    flat = torch.cat(flat_cols, 0)  # (K, N, U_flat): each flattened unit's Jacobian entries, compressed
+    n_pos, n_dir = plan.pixel.shape
+    flat = flat.reshape(n_dir, n, plan.channels, n_pos)
+    tail = list(plan.tail)
+    if tail and isinstance(tail[0][1], nn.Linear):
+        # first tail layer, position by position: W[:, :, p] (O x C) times the C x K compressed block of
+        # position p, added into the input pixels of p's receptive field (never the dense U_flat x d matrix)
+        m = tail.pop(0)[1]
+        w = m.weight.to(x.dtype).reshape(m.out_features, plan.channels, n_pos)
+        vals = torch.einsum("ocp,kncp->nopk", w, flat).reshape(n, m.out_features, n_pos * n_dir)
+        t = x.new_zeros(n, m.out_features, d + 1)
+        t.scatter_add_(2, plan.pixel.reshape(1, 1, -1).expand(n, m.out_features, -1), vals)
+    else:
+        t = x.new_zeros(n, plan.channels, n_pos, d + 1)
+        t.scatter_(3, plan.pixel[None, None].expand(n, plan.channels, -1, -1), flat.permute(1, 2, 3, 0))
+        t = t.reshape(n, plan.channels * n_pos, d + 1)
+    t = t[..., :d]  # (N, units, d): the Jacobian of the first tail layer (or of the flattened layer), dense
+    for name, m in tail:
+        if isinstance(m, nn.Linear):
+            t = torch.einsum("ou,nud->nod", m.weight.to(t.dtype), t)
+        elif name is not None:
+            sq[name] = torch.einsum("nud,nud->nu", t, t)
+            t = t * rec.gates[name].flatten(1).to(t.dtype)[..., None]
+    return sq
+
+
+# --------------------------------------------------------------------------------------------------
 # Insens
 
 
-def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None) -> InsensResult:
+def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure: bool = True) -> InsensResult:
     """Inactive state sensitivity ``Omega(x) = mean_{i: q_i <= 0} q_i w_i / |w_i|^2`` (Eq. 7-8).
 
     Two passes, never holding more than ``chunk_size`` columns of the Jacobian: forward mode
     through the frozen network accumulates ``|w_i|^2`` for every hidden neuron; then one backward
     pass computes ``Omega = J^T a`` with ``a_i = q_i / |w_i|^2 / |I|`` on the inactive neurons ``I``
     (``w_i = 0`` neurons are left out, see the module docstring). Vectorised over the batch.
+
+    With ``structure=True`` (the default), a plain ``Sequential`` conv net (convolutions, pools and
+    point-wise layers, then ``Flatten`` and a Linear/ReLU tail) takes the receptive-field fast path: one
+    forward-mode direction per colour class of input pixels instead of one per pixel (see ``_ConvPlan``),
+    and the tail's switched weights from the flattened layer's Jacobian. Other models, or
+    ``structure=False``, take the generic sweep over all input coordinates; both give the same result.
     """
     _check(model, x)
     if chunk_size is not None and chunk_size < 1:
@@ -321,11 +496,15 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None) -> Insens
     if not names:
         raise ValueError("the model has no ReLU, so it has no hidden neurons to take Insens over")
     n = x.shape[0]
-    sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
+    plan = _conv_plan(model, x, names) if structure else None
     with torch.no_grad():
-        for _, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):
-            for k in names:
-                sq[k] += cols[k].square().sum(0)
+        if plan is not None:
+            sq = _sq_norms_conv(model, x, rec, names, plan, chunk_size or 256)
+        else:
+            sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
+            for _, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):
+                for k in names:
+                    sq[k] += cols[k].square().sum(0)
     tiny = torch.finfo(x.dtype).tiny
     q = {k: rec.preactivations[k].flatten(1) for k in names}
     inactive = {k: (q[k] <= 0) & (sq[k] > tiny) for k in names}

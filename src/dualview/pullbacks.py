@@ -22,7 +22,8 @@ active only during the model's forward; any other functional non-linearity there
 
 On top: :func:`excitation_pullback` and :func:`input_gradient` (batched, one target per sample),
 :func:`projected_gradient_ascent` (the counterfactuals of Section 5.1), :func:`deletion_curve`
-(a faithfulness measure), and the objects of the theory for small networks
+(a faithfulness measure, deletion or insertion), :func:`total_variation` and :func:`high_frequency_share`
+(smoothness of maps), and the objects of the theory for small networks
 (:func:`excitation_gates`, :func:`gated_linear_model`, :func:`excitation_path_features`).
 """
 from __future__ import annotations
@@ -64,6 +65,8 @@ __all__ = [
     "projected_gradient_ascent",
     "DeletionCurve",
     "deletion_curve",
+    "total_variation",
+    "high_frequency_share",
     "excitation_gates",
     "GatedLinearModel",
     "gated_linear_model",
@@ -582,17 +585,22 @@ class DeletionCurve:
 def deletion_curve(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor, scores: Tensor,
     baseline: float | Tensor = 0.0, fractions: Sequence[float] | Tensor | None = None,
+    mode: str = "deletion",
 ) -> DeletionCurve:
-    """Delete pixels in decreasing order of ``scores`` and record the target class's logit and probability.
+    """Delete (or insert) pixels in decreasing order of ``scores`` and record the target's logit and probability.
 
     ``x``: ``(N, C, H, W)``; ``scores``: ``(N, H, W)`` (one score per pixel, e.g. the channel sum of
-    pullback times input); deleted pixels take ``baseline`` (a number or a ``(C,)`` colour). Ties are
-    broken by pixel order. ``fractions`` default to 0, 0.05, ..., 0.5.
+    pullback times input). ``mode="deletion"``: the top ``fraction`` of pixels take ``baseline`` (a number or
+    a ``(C,)`` colour), the rest keep ``x`` (a lower curve = a more faithful ranking). ``mode="insertion"``:
+    the image starts as the baseline and the top ``fraction`` of pixels take their values from ``x`` (a higher
+    curve = a more faithful ranking). Ties are broken by pixel order. ``fractions`` default to 0, 0.05, ..., 0.5.
     """
     _check_batch(x)
     if x.dim() != 4 or scores.shape != (x.shape[0], *x.shape[2:]):
         raise ValueError(f"need x of shape (N, C, H, W) and scores of shape (N, H, W); got {tuple(x.shape)} "
                          f"and {tuple(scores.shape)}")
+    if mode not in ("deletion", "insertion"):
+        raise ValueError(f"mode must be 'deletion' or 'insertion', got {mode!r}")
     fr = torch.linspace(0, 0.5, 11) if fractions is None else torch.as_tensor(fractions, dtype=torch.float64)
     n, c, h, w = x.shape
     order = scores.reshape(n, -1).argsort(dim=1, descending=True, stable=True)
@@ -602,12 +610,48 @@ def deletion_curve(
     tg = None
     for f in fr.tolist():
         mask = (rank < round(f * h * w)).view(n, 1, h, w)
-        out = model(torch.where(mask, base, x))
+        out = model(torch.where(mask, base, x) if mode == "deletion" else torch.where(mask, x, base))
         if tg is None:
             tg = _targets(target, n, out.shape[1], out.device)
         logit_rows.append(out.gather(1, tg[:, None])[:, 0])
         prob_rows.append(out.softmax(1).gather(1, tg[:, None])[:, 0])
     return DeletionCurve(fr.float(), torch.stack(logit_rows), torch.stack(prob_rows))
+
+
+# --------------------------------------------------------------------------------------------------
+# Smoothness of attribution maps
+
+
+def _as_maps(maps: Tensor) -> Tensor:
+    if maps.dim() == 3:
+        maps = maps[:, None]
+    if maps.dim() != 4:
+        raise ValueError(f"need maps of shape (N, H, W) or (N, C, H, W), got {tuple(maps.shape)}")
+    return maps
+
+
+def total_variation(maps: Tensor) -> Tensor:
+    """Normalised (anisotropic) total variation of each map: ``sum |m[i+1,j] - m[i,j]| + |m[i,j+1] - m[i,j]|``
+    over pixels and channels, divided by ``sum |m|``. Scale-free; 0 for a constant map, close to 4 for a
+    checkerboard. Lower = smoother. ``maps``: ``(N, H, W)`` or ``(N, C, H, W)``; returns ``(N,)``.
+    """
+    m = _as_maps(maps)
+    tv = (m[..., 1:, :] - m[..., :-1, :]).abs().flatten(1).sum(1) + (m[..., :, 1:] - m[..., :, :-1]).abs().flatten(1).sum(1)
+    return tv / m.abs().flatten(1).sum(1).clamp_min(torch.finfo(m.dtype).tiny)
+
+
+def high_frequency_share(maps: Tensor, cutoff: float = 0.5) -> Tensor:
+    """Share of each map's spectral power (2-D DFT, summed over channels) at radial frequency above
+    ``cutoff`` times the Nyquist frequency: ``sqrt(fx^2 + fy^2) > cutoff * 0.5`` cycles per pixel. Scale-free;
+    0 for a constant map, 1 for a checkerboard. Lower = smoother. ``maps``: ``(N, H, W)`` or ``(N, C, H, W)``.
+    """
+    m = _as_maps(maps)
+    h, w = m.shape[-2:]
+    power = torch.fft.fft2(m).abs().square().sum(1)                                  # (N, H, W)
+    fy, fx = torch.fft.fftfreq(h, device=m.device), torch.fft.fftfreq(w, device=m.device)
+    radius = (fy[:, None].square() + fx[None, :].square()).sqrt()
+    high = (radius > cutoff * 0.5).to(power.dtype)
+    return (power * high).flatten(1).sum(1) / power.flatten(1).sum(1).clamp_min(torch.finfo(power.dtype).tiny)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -49,6 +49,8 @@ __all__ = [
 class Normalize(nn.Module):
     """Per-channel affine map ``(x - mean) / std`` on ``(N, C, H, W)`` inputs."""
 
+    pointwise = True  # each output pixel reads only the same input pixel (receptive fields, projections.insens)
+
     def __init__(self, mean: float | Sequence[float], std: float | Sequence[float]) -> None:
         super().__init__()
         mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1, 1)

@@ -1,0 +1,260 @@
+"""What every comparative sentence of the book rests on: seeds, confidence intervals, paired comparisons.
+
+One run decides nothing. A chapter that says "A beats B" or "A matches B" runs the experiment over several
+seeds and/or bootstraps over its test points, shows the interval, and asserts only what the interval
+supports:
+
+- :func:`over_seeds` runs one experiment for several seeds (each seeded with :func:`dualview.seed_everything`);
+- :func:`mean_interval` is the Student-t interval of a mean over seeds;
+- :func:`proportion_interval` is the Wilson score interval of an accuracy on ``n`` test points;
+- :func:`bootstrap_interval` is the percentile bootstrap over test points (1-D scores) or over seeds *and*
+  test points at once (a ``seeds x points`` matrix, both resampled: the two-way bootstrap);
+- :func:`paired_comparison` compares two methods scored on the same test points (and seeds) through the
+  interval of their difference, with a verdict: ``"above"``, ``"below"`` or ``"within noise"``.
+
+Results are small dataclasses (:class:`Interval`, :class:`Comparison`) that print as the book shows them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from dualview import seed_everything
+
+__all__ = [
+    "Interval",
+    "Comparison",
+    "over_seeds",
+    "mean_interval",
+    "proportion_interval",
+    "bootstrap_interval",
+    "paired_comparison",
+]
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate with a two-sided confidence interval ``[low, high]`` at confidence ``level``.
+
+    ``n`` counts what the interval was computed over (seeds, test points, or ``"seeds x points"``),
+    ``method`` names how (shown beside every number in the book).
+    """
+
+    estimate: float
+    low: float
+    high: float
+    level: float
+    n: int | str
+    method: str
+
+    @property
+    def half_width(self) -> float:
+        return (self.high - self.low) / 2
+
+    def contains(self, value: float) -> bool:
+        """True when ``value`` lies inside the interval (the data cannot tell it from the estimate)."""
+        return self.low <= value <= self.high
+
+    def format(self, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
+        """``"93.2 [92.8, 93.6]"`` with ``digits`` decimals; ``scale=100`` turns shares into percent."""
+        f = lambda v: f"{v * scale:.{digits}f}{unit}"  # noqa: E731
+        return f"{f(self.estimate)} [{f(self.low)}, {f(self.high)}]"
+
+    def __str__(self) -> str:
+        return f"{self.format(digits=4)} ({self.level:.0%} CI, {self.method}, n={self.n})"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Two methods scored on the same test points (and seeds): the interval of ``a - b`` and its verdict."""
+
+    difference: Interval
+    name_a: str
+    name_b: str
+
+    @property
+    def above(self) -> bool:
+        """``a`` is above ``b`` at the interval's confidence: the whole interval of ``a - b`` is above 0."""
+        return self.difference.low > 0
+
+    @property
+    def below(self) -> bool:
+        """``a`` is below ``b`` at the interval's confidence."""
+        return self.difference.high < 0
+
+    @property
+    def within_noise(self) -> bool:
+        """The interval of ``a - b`` contains 0: this run cannot tell the two apart."""
+        return not (self.above or self.below)
+
+    @property
+    def verdict(self) -> str:
+        return "above" if self.above else "below" if self.below else "within noise"
+
+    def format(self, digits: int = 1, scale: float = 1.0, unit: str = "") -> str:
+        d = self.difference
+        return (f"{self.name_a} − {self.name_b} = {d.format(digits, scale, unit)} "
+                f"({d.level:.0%} CI, {d.method}, n={d.n}): {self.name_a} {self.verdict}"
+                + ("" if self.within_noise else f" {self.name_b}"))
+
+    def __str__(self) -> str:
+        return self.format(digits=4)
+
+
+def _check_level(level: float) -> None:
+    if not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise ValueError(f"level must be a confidence level strictly between 0 and 1 (e.g. 0.95), got {level!r}")
+
+
+def _as_array(values: Any, name: str = "values") -> np.ndarray:
+    if isinstance(values, torch.Tensor):
+        values = values.detach().cpu().double().numpy()
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size == 0:
+        raise ValueError(f"{name} is empty: an interval needs at least one value")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite entries; remove or fix them before computing an interval")
+    return arr
+
+
+def over_seeds(run: Callable[[int], Any], seeds: int | Sequence[int], *, base: int = 0,
+               progress: bool = True) -> Any:
+    """Run ``run(seed)`` for every seed, each after ``dualview.seed_everything(seed)``, and stack the results.
+
+    ``seeds`` is a list of seeds or a count ``n`` (the seeds ``base, ..., base + n - 1``). ``run`` returns a
+    number, an array/tensor, or a dict of those; the result is a NumPy array with a leading seed axis (or a
+    dict of such arrays with the same keys).
+    """
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise ValueError(f"seeds must be a positive count or a list of seeds, got {seeds}")
+        seeds = list(range(base, base + seeds))
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds is empty: give a count (e.g. 5) or a list of seeds")
+    results = []
+    iterator = seeds
+    if progress:
+        from tqdm.auto import tqdm
+
+        iterator = tqdm(seeds, desc="seeds", leave=False)
+    for seed in iterator:
+        seed_everything(int(seed))
+        results.append(run(int(seed)))
+    if isinstance(results[0], dict):
+        return {k: np.stack([_as_array(r[k], k) for r in results]) for k in results[0]}
+    return np.stack([_as_array(r) for r in results])
+
+
+def mean_interval(values: Any, level: float = 0.95) -> Interval:
+    """Student-t confidence interval of the mean of independent runs (e.g. one accuracy per seed).
+
+    ``mean ± t_{(1+level)/2, n-1} · s / √n`` with ``s`` the sample standard deviation (``n - 1`` in the
+    denominator). Needs at least two values.
+    """
+    _check_level(level)
+    x = _as_array(values).ravel()
+    if x.size < 2:
+        raise ValueError(f"mean_interval needs at least 2 values (seeds), got {x.size}; run more seeds")
+    from scipy.stats import t
+
+    m = float(x.mean())
+    half = float(t.ppf((1 + level) / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    return Interval(m, m - half, m + half, level, int(x.size), "t over seeds")
+
+
+def proportion_interval(successes: int, n: int, level: float = 0.95) -> Interval:
+    """Wilson score interval of a proportion ``successes / n`` (an accuracy on ``n`` independent test points).
+
+    ``(p̂ + z²/2n ± z·√(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n)`` with ``z`` the standard normal quantile
+    (Wilson 1927); unlike the normal approximation it stays inside [0, 1] and is sensible at 0 and n.
+    """
+    _check_level(level)
+    if not (isinstance(n, (int, np.integer)) and n >= 1):
+        raise ValueError(f"n must be a positive number of test points, got {n!r}")
+    if not (0 <= successes <= n):
+        raise ValueError(f"successes must lie in [0, n] = [0, {n}], got {successes!r}")
+    from scipy.stats import norm
+
+    z = float(norm.ppf((1 + level) / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Interval(float(p), max(0.0, centre - half), min(1.0, centre + half), level, int(n), "Wilson")
+
+
+def _resampled_means(x: np.ndarray, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """Means of ``n_resamples`` bootstrap resamples: of the entries of a 1-D ``x``, or, for a 2-D
+    ``x`` (seeds x points), of the matrix with rows and columns resampled independently (two-way)."""
+    out = np.empty(n_resamples)
+    if x.ndim == 1:
+        n = x.size
+        block = max(1, 4_000_000 // n)  # keep each index block near 32 MB
+        for start in range(0, n_resamples, block):
+            b = min(block, n_resamples - start)
+            out[start:start + b] = x[rng.integers(0, n, size=(b, n))].mean(axis=1)
+        return out
+    s, n = x.shape
+    block = max(1, 4_000_000 // (s + 2 * n))
+
+    def counts(b: int, size: int) -> np.ndarray:  # how often each index is drawn, per resample
+        idx = rng.integers(0, size, size=(b, size)) + size * np.arange(b)[:, None]
+        return np.bincount(idx.ravel(), minlength=b * size).reshape(b, size).astype(np.float64)
+
+    for start in range(0, n_resamples, block):
+        b = min(block, n_resamples - start)
+        row_counts, col_counts = counts(b, s), counts(b, n)
+        # mean of x[rows][:, cols] = sum_ij R_i C_j x_ij / (s n), with R, C the resampling counts
+        out[start:start + b] = ((row_counts @ x) * col_counts).sum(axis=1) / (s * n)
+    return out
+
+
+def bootstrap_interval(values: Any, level: float = 0.95, *, n_resamples: int = 4000,
+                       seed: int = 0) -> Interval:
+    """Percentile-bootstrap confidence interval of a mean (Efron & Tibshirani 1993, ch. 13).
+
+    ``values`` holds one score per test point (1-D; e.g. 1/0 for a correct/wrong prediction) or one per seed
+    and test point (2-D, ``seeds x points``): then seeds and test points are resampled independently, so the
+    interval covers both the training randomness and the choice of test points. The interval is the
+    ``(1-level)/2`` and ``(1+level)/2`` quantiles of the resampled means; the estimate is the plain mean.
+    """
+    _check_level(level)
+    if not (isinstance(n_resamples, int) and n_resamples >= 100):
+        raise ValueError(f"n_resamples must be an int >= 100 (4000 is the default), got {n_resamples!r}")
+    x = _as_array(values)
+    if x.ndim not in (1, 2):
+        raise ValueError(f"values must be 1-D (points) or 2-D (seeds x points), got shape {tuple(x.shape)}")
+    means = _resampled_means(x, n_resamples, np.random.default_rng(seed))
+    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    n = x.size if x.ndim == 1 else f"{x.shape[0]} seeds x {x.shape[1]} points"
+    method = "bootstrap over points" if x.ndim == 1 else "bootstrap over seeds and points"
+    return Interval(float(x.mean()), float(low), float(high), level, n, method)
+
+
+def paired_comparison(a: Any, b: Any, level: float = 0.95, *, over: str = "points",
+                      names: tuple[str, str] = ("A", "B"), n_resamples: int = 4000, seed: int = 0) -> Comparison:
+    """Compare two methods scored on the *same* test points (and seeds) through the interval of ``a - b``.
+
+    - ``over="points"``: ``a``, ``b`` are 1-D per-point scores; paired bootstrap over the points.
+    - ``over="seeds"``: ``a``, ``b`` are 1-D per-seed results of runs that share their seeds; t interval of
+      the paired differences.
+    - a 2-D ``seeds x points`` pair is always bootstrapped over seeds and points (``over`` is ignored).
+
+    Pairing removes the variation the two methods share (the same hard test points, the same seed), so it
+    detects differences that two separate intervals would hide.
+    """
+    xa, xb = _as_array(a, "a"), _as_array(b, "b")
+    if xa.shape != xb.shape:
+        raise ValueError(f"a and b must be scored on the same points/seeds: shapes {xa.shape} and {xb.shape} differ")
+    if over not in ("points", "seeds"):
+        raise ValueError(f"over must be 'points' or 'seeds', got {over!r}")
+    d = xa - xb
+    if d.ndim == 1 and over == "seeds":
+        interval = mean_interval(d, level)
+    else:
+        interval = bootstrap_interval(d, level, n_resamples=n_resamples, seed=seed)
+    return Comparison(interval, *names)

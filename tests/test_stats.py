@@ -1,0 +1,167 @@
+"""dualview.stats against slow, obviously correct references: exact bootstrap distributions enumerated on
+tiny data, textbook t and Wilson intervals, and coverage simulations."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats as scipy_stats
+
+from dualview import stats
+
+
+def exact_bootstrap_means(x: np.ndarray) -> np.ndarray:
+    """Every equally likely resample of a small 1-D (or seeds x points 2-D) array, enumerated: the exact
+    bootstrap distribution of the mean (reference; n**n resamples)."""
+    if x.ndim == 1:
+        n = x.size
+        return np.array([x[list(idx)].mean() for idx in itertools.product(range(n), repeat=n)])
+    s, n = x.shape
+    means = []
+    for rows in itertools.product(range(s), repeat=s):
+        for cols in itertools.product(range(n), repeat=n):
+            means.append(x[np.ix_(rows, cols)].mean())
+    return np.array(means)
+
+
+def quantile_of_discrete(values: np.ndarray, q: float) -> float:
+    return float(np.quantile(values, q))
+
+
+def test_bootstrap_matches_exact_distribution_1d():
+    x = np.array([0.0, 1.0, 1.0, 3.0, 7.0, 10.0])
+    exact = exact_bootstrap_means(x)  # all 6**6 = 46,656 equally likely resamples
+    iv = stats.bootstrap_interval(x, 0.9, n_resamples=200_000, seed=1)
+    assert iv.estimate == pytest.approx(x.mean())
+    # the interval's ends are the 5 % and 95 % quantiles of the exact bootstrap distribution: at most
+    # 5 % of its mass lies below the lower end and at least 5 % at or below it (likewise above), up to
+    # the Monte-Carlo error of 200,000 resamples
+    for end, q in ((iv.low, 0.05), (iv.high, 0.95)):
+        assert np.mean(exact < end - 1e-12) <= q + 0.004
+        assert np.mean(exact <= end + 1e-12) >= q - 0.004
+
+
+def test_bootstrap_matches_exact_distribution_seeds_by_points():
+    x = np.array([[0.0, 1.0, 1.0], [1.0, 1.0, 4.0]])
+    exact = exact_bootstrap_means(x)  # 2**2 * 3**3 = 108 resamples of seeds and points
+    rng = np.random.default_rng(0)
+    sampled = stats._resampled_means(x, 400_000, rng)
+    # every resampled mean is one of the exact atoms, with the exact frequencies
+    atoms, counts = np.unique(np.round(exact, 12), return_counts=True)
+    s_atoms, s_counts = np.unique(np.round(sampled, 12), return_counts=True)
+    assert set(s_atoms) <= set(atoms)
+    freq = dict(zip(atoms, counts / counts.sum()))
+    for a, c in zip(s_atoms, s_counts / s_counts.sum()):
+        assert c == pytest.approx(freq[a], abs=0.005)
+    iv = stats.bootstrap_interval(x, 0.8, n_resamples=100_000)
+    assert iv.low == pytest.approx(np.quantile(exact, 0.1), abs=1 / 6 + 1e-9)
+    assert iv.high == pytest.approx(np.quantile(exact, 0.9), abs=1 / 6 + 1e-9)
+
+
+def test_two_way_bootstrap_is_wider_than_points_only_when_seeds_disagree():
+    rng = np.random.default_rng(3)
+    base = (rng.random(500) < 0.7).astype(float)
+    other = (rng.random(500) < 0.4).astype(float)  # a third seed that learnt something else
+    seeds_x_points = np.stack([base, base, other])
+    two_way = stats.bootstrap_interval(seeds_x_points)
+    points = stats.bootstrap_interval(seeds_x_points.mean(axis=0))
+    assert two_way.high - two_way.low > 1.5 * (points.high - points.low)
+
+
+def test_mean_interval_is_the_textbook_t_interval():
+    x = [1.0, 2.0, 3.0, 4.0, 5.0]
+    iv = stats.mean_interval(x, 0.95)
+    half = 2.7764451051977987 * math.sqrt(2.5) / math.sqrt(5)  # t_{0.975, 4} from tables
+    assert (iv.low, iv.high) == pytest.approx((3 - half, 3 + half), rel=1e-12)
+    lo, hi = scipy_stats.t.interval(0.9, 4, loc=3, scale=scipy_stats.sem(x))
+    assert (stats.mean_interval(x, 0.9).low, stats.mean_interval(x, 0.9).high) == pytest.approx((lo, hi))
+
+
+@pytest.mark.parametrize("k, n", [(0, 10), (10, 10), (81, 263), (950, 1000), (1, 2)])
+def test_wilson_interval_matches_scipy(k, n):
+    ci = scipy_stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    iv = stats.proportion_interval(k, n)
+    assert iv.estimate == k / n
+    assert (iv.low, iv.high) == pytest.approx((ci.low, ci.high), abs=1e-12)
+
+
+def test_wilson_interval_known_value():
+    # Wilson's interval for 81 successes in 263 trials at 95 %: [0.2553, 0.3662] (textbook example)
+    iv = stats.proportion_interval(81, 263)
+    assert iv.low == pytest.approx(0.2553, abs=1e-4) and iv.high == pytest.approx(0.3662, abs=1e-4)
+
+
+def test_intervals_cover_the_truth_at_their_level():
+    """Coverage simulation: 95 % intervals contain the true mean in about 95 % of repeated experiments."""
+    rng = np.random.default_rng(0)
+    p, n, trials = 0.8, 200, 400
+    hits_wilson = hits_boot = hits_t = 0
+    for _ in range(trials):
+        x = (rng.random(n) < p).astype(float)
+        hits_wilson += stats.proportion_interval(int(x.sum()), n).contains(p)
+        hits_boot += stats.bootstrap_interval(x, n_resamples=500, seed=int(rng.integers(1 << 30))).contains(p)
+        hits_t += stats.mean_interval(rng.normal(1.0, 2.0, size=6)).contains(1.0)
+    for hits in (hits_wilson, hits_boot, hits_t):
+        # binomial(400, 0.95) lies in [366, 394] with probability > 0.999
+        assert 366 <= hits <= 394, hits
+
+
+def test_paired_comparison_detects_a_shift_that_unpaired_intervals_miss():
+    rng = np.random.default_rng(1)
+    difficulty = rng.normal(size=300)  # shared by both methods: pairing removes it
+    a = difficulty + 0.1 + 0.02 * rng.normal(size=300)
+    b = difficulty + 0.02 * rng.normal(size=300)
+    cmp = stats.paired_comparison(a, b, names=("a", "b"))
+    assert cmp.above and not cmp.below and cmp.verdict == "above"
+    assert cmp.difference.contains(0.1)
+    ia, ib = stats.bootstrap_interval(a), stats.bootstrap_interval(b)
+    assert ia.low < ib.high  # the separate intervals overlap: they alone could not tell a from b
+    assert stats.paired_comparison(b, a).below
+    assert "a above b" in cmp.format(2)
+
+
+def test_paired_comparison_within_noise_when_methods_agree_in_law():
+    rng = np.random.default_rng(2)
+    a, b = (rng.random(400) < 0.7).astype(float), (rng.random(400) < 0.7).astype(float)
+    cmp = stats.paired_comparison(a, b)
+    assert cmp.within_noise == cmp.difference.contains(0.0)
+    seeds_cmp = stats.paired_comparison([0.91, 0.92, 0.90], [0.80, 0.81, 0.79], over="seeds")
+    assert seeds_cmp.above and seeds_cmp.difference.method == "t over seeds"
+    assert seeds_cmp.difference.estimate == pytest.approx(0.11)
+
+
+def test_over_seeds_seeds_each_run_and_stacks():
+    out = stats.over_seeds(lambda seed: {"x": torch.rand(()).item(), "s": seed}, 3, base=5, progress=False)
+    assert out["s"].tolist() == [5, 6, 7]
+    again = stats.over_seeds(lambda seed: torch.rand(2), [5, 6, 7], progress=False)
+    assert again[:, 0].tolist() != [out["x"][0]] * 3  # different seeds give different draws ...
+    torch.manual_seed(5)
+    assert again[0, 0] == pytest.approx(torch.rand(2)[0].item())  # ... and each run is seeded by its seed
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-100, 100), min_size=2, max_size=30))
+def test_intervals_contain_their_estimate(values):
+    for iv in (stats.mean_interval(values), stats.bootstrap_interval(values, n_resamples=200)):
+        assert iv.low - 1e-9 <= iv.estimate <= iv.high + 1e-9
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: stats.mean_interval([1.0]), "at least 2"),
+    (lambda: stats.mean_interval([1.0, 2.0], level=95), "level"),
+    (lambda: stats.proportion_interval(11, 10), r"\[0, n\]"),
+    (lambda: stats.bootstrap_interval(np.zeros((2, 2, 2))), "1-D"),
+    (lambda: stats.bootstrap_interval([1.0, float("nan")]), "NaN"),
+    (lambda: stats.bootstrap_interval([]), "empty"),
+    (lambda: stats.paired_comparison([1.0, 2.0], [1.0]), "same points"),
+    (lambda: stats.paired_comparison([1.0, 2.0], [1.0, 2.0], over="both"), "over must be"),
+    (lambda: stats.over_seeds(lambda s: s, 0), "positive"),
+])
+def test_bad_input_says_what_is_wrong(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -118,6 +118,19 @@ def test_cut_off_neurons_are_marked_and_left_out():
     torch.testing.assert_close(r.omega, expected)
 
 
+def test_a_neuron_at_exactly_q_0_is_inactive_and_counted():
+    # Eq. 8 averages over q_i <= 0: a neuron sitting on its hyperplane (q = 0, w != 0) adds nothing to the
+    # sum but counts in |I|. Weights rows (1, -1), (1, 1), (-1, -2) at x = (1, 1): q = (0, 2, -3), exactly.
+    net = nn.Sequential(nn.Linear(2, 3, bias=False), nn.ReLU(), nn.Linear(3, 1)).double()
+    with torch.no_grad():
+        net[0].weight.copy_(torch.tensor([[1.0, -1.0], [1.0, 1.0], [-1.0, -2.0]]))
+    x = torch.ones(1, 2, dtype=torch.float64)
+    by_hand = (-3.0 * torch.tensor([-1.0, -2.0], dtype=torch.float64) / 5.0) / 2  # (0 + q_3 w_3 / |w_3|^2) / 2
+    for result in (P.insens(net, x), P.insens(net, x, structure=False), P.insens_reference(net, x)):
+        assert result.n_inactive.tolist() == [2] and result.n_cut_off.tolist() == [0]
+        torch.testing.assert_close(result.omega[0], by_hand, rtol=1e-14, atol=0)
+
+
 def test_residual_network_and_reused_relu():
     class Block(nn.Module):
         """One ReLU module called twice (as torchvision's ResNet blocks do) and an in-place ReLU
@@ -243,6 +256,10 @@ STRUCTURED = {
     "field-over-image-height": (lambda: nn.Sequential(
         nn.Conv2d(1, 2, 5, padding=2), nn.ReLU(), nn.Conv2d(2, 2, 5, padding=2), nn.ReLU(), nn.Flatten(),
         nn.Linear(280, 3)), (1, 7, 20)),
+    "groups-padded-dilated-pools": (lambda: nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1, groups=2), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1, dilation=2),
+        nn.Conv2d(4, 3, 2), nn.ReLU(), nn.AvgPool2d(3, stride=1, padding=1), nn.Flatten(), nn.Linear(147, 3)),
+        (2, 17, 17)),
     "relu-after-flatten": (lambda: nn.Sequential(
         nn.Conv2d(1, 2, 3), nn.Flatten(), nn.ReLU(), nn.Linear(200, 3)), (1, 12, 12)),
 }

@@ -83,9 +83,22 @@ def test_lemma_f1_both_forms_and_overlap_definition():
                 pos = (i - t + conv.padding[0]) % 5
                 total += (g[0][a, c, pos] * gr[0][0, c, pos] * g[1][a, u] * gr[1][0, u]).item()
             assert abs(lam[a, bb, r, i].item() - total / 25) < 1e-12
-    k = kernels.npk_conv(net, x)
-    k_swapped = kernels.npk_conv(net, x).T  # sum over rotations of x instead of x' (second line of Lemma F.1)
-    torch.testing.assert_close(k, k_swapped, rtol=1e-12, atol=1e-12)
+    # second line of Lemma F.1, written out: rotate x instead of x', with the gates of each rotated input
+    # (not the rotated gates) and the overlap counted path by path; npk_conv computes the first line
+    x1, x2 = x[:1], x[1:]
+    g2 = kernels.conv_gates(net, x2, s)
+    second = 0.0
+    for r in range(5):
+        xr = kernels.rotate(x1, r)
+        gr = kernels.conv_gates(net, xr, s)
+        for i in range(5):
+            overlap = 0.0
+            for t, c, u in itertools.product(range(3), range(2), range(2)):
+                pos = (i - t + conv.padding[0]) % 5
+                overlap += (gr[0][0, c, pos] * g2[0][0, c, pos] * gr[1][0, u] * g2[1][0, u]).item()
+            second += xr[0, 0, i].item() * x2[0, 0, i].item() * overlap / 25
+    first = kernels.npk_conv(net, x1, x2)[0, 0].item()
+    assert abs(first) > 1e-3 and abs(first - second) < 1e-12 * abs(first)
 
 
 # --- rotation invariance -----------------------------------------------------------------------------

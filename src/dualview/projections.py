@@ -301,29 +301,30 @@ def switched_projections_reference(
 
 
 # --------------------------------------------------------------------------------------------------
-# The structured fast path of Insens: receptive fields compress the Jacobian of convolutional layers
+# The structured fast path of Insens: each neuron's switched weight lives on its receptive field
 
 
 @dataclass
 class _ConvPlan:
     """How :func:`insens` takes ``|w_i|^2`` of a plain conv net: ``Sequential(spatial part, Flatten, tail)``.
 
-    A neuron of the spatial part (convolutions, pools, point-wise maps) depends only on the input pixels of
-    its receptive field, at most ``period`` pixels apart in each direction. Input pixels whose coordinates
-    agree modulo ``period`` (and share a channel) never meet in one receptive field, so one forward-mode
-    direction can carry all of them at once (Jacobian compression by colouring the columns, as in sparse
-    automatic differentiation): ``C * period_h * period_w`` directions instead of ``C * H * W``, and each
-    neuron reads its own Jacobian entries off them exactly. The tail after ``Flatten`` (Linear, ReLU)
-    mixes all pixels: its switched weights come from the flattened layer's Jacobian, re-assembled from the
-    compressed one (``pixel`` maps each flattened unit and direction to its input pixel), times the tail's
-    weights and gates.
+    A unit of the spatial part (convolutions, pools, point-wise maps) depends only on the input pixels
+    of its receptive field, a window of ``size`` pixels that starts at ``start + jump * position``. So
+    its switched weight is a *patch*, ``C_in x size_h x size_w`` numbers, and the patches of one layer
+    follow from those of the layer below: a convolution sums its kernel's patches, each shifted to its
+    place in the larger window; a max-pool passes its winner's patch, shifted; a gate scales it. This
+    costs one pass per kernel offset instead of one forward-mode pass per input pixel (the generic
+    sweep), and holds only the non-zero part of the Jacobian. The tail after ``Flatten`` (Linear,
+    ReLU) mixes all pixels: its first layer's switched weights are the weighted sums of the flattened
+    units' patches, added into the image position by position, and later layers multiply these dense
+    rows by their weights and gates. The generic sweep costs about one forward pass per input pixel;
+    this costs about one per patch coordinate of the widest layer (MNIST CNN: 196 against 784), and
+    only over the units whose field holds that coordinate.
     """
 
-    directions: Tensor            # (K, C*H*W) 0/1 rows: the colour classes of the input coordinates
-    pixel: Tensor                 # (P, K) input coordinate of each flattened position per direction, or d
-    channels: int                 # channels of the flattened layer (its units are channels x P positions)
-    spatial: list[tuple[str, nn.Module]]       # (name, module) before the Flatten, in order
-    tail: list[tuple[str | None, nn.Module]]   # (site name or None, module) after the Flatten, in order
+    spatial: list[tuple[str, nn.Module, tuple[int, ...]]]   # (name, module, output shape C x H x W)
+    tail: list[tuple[str | None, nn.Module]]                  # (site name or None, module) after Flatten
+    volume: int                                               # largest patch tensor per image (elements)
 
 
 _POINTWISE = (nn.ReLU, nn.BatchNorm2d, nn.Dropout, nn.Identity)
@@ -332,6 +333,12 @@ _WINDOWED = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)
 
 def _pair(v) -> tuple[int, int]:
     return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def _window(m: nn.Module):
+    """Kernel, stride, padding and dilation of a windowed layer, as pairs."""
+    return (_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
+            _pair(getattr(m, "dilation", 1)))
 
 
 def _conv_plan(model: nn.Module, x: Tensor, names: list[str]) -> _ConvPlan | None:
@@ -353,118 +360,143 @@ def _conv_plan(model: nn.Module, x: Tensor, names: list[str]) -> _ConvPlan | Non
     spatial, flatten, tail = leaves[:flat_at[0]], leaves[flat_at[0]][1], leaves[flat_at[0] + 1:]
     if flatten.start_dim != 1 or flatten.end_dim != -1:
         return None
-    # receptive field (size, jump, start) per spatial direction, through the spatial part
-    size, jump, start = [1, 1], [1, 1], [0, 0]
-    for _, m in spatial:
-        if isinstance(m, _WINDOWED):
-            if getattr(m, "ceil_mode", False) or (isinstance(m, nn.Conv2d) and m.padding_mode != "zeros"):
-                return None  # ceil mode and circular padding move fields across the border
-            if isinstance(m, nn.Conv2d) and isinstance(m.padding, str):
+    c, h, w = x.shape[1:]
+    size, jump, volume, shapes = [1, 1], [1, 1], c * h * w, []
+    with torch.no_grad():
+        z = x[:1]
+        for _, m in spatial:
+            if isinstance(m, _WINDOWED):
+                if getattr(m, "ceil_mode", False) or (isinstance(m, nn.Conv2d) and m.padding_mode != "zeros"):
+                    return None  # ceil mode and circular padding move fields across the border
+                if isinstance(m, nn.Conv2d) and isinstance(m.padding, str):
+                    return None
+                if isinstance(m, nn.AvgPool2d) and m.padding and not m.count_include_pad:
+                    return None
+                k, s, _, dil = _window(m)
+                size = [size[a] + (k[a] - 1) * dil[a] * jump[a] for a in range(2)]
+                jump = [jump[a] * s[a] for a in range(2)]
+            elif not (isinstance(m, _POINTWISE) or getattr(type(m), "pointwise", False)):
                 return None
-            k, s, p = _pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding)
-            dil = _pair(getattr(m, "dilation", 1))
-            for a in range(2):
-                size[a] += (k[a] - 1) * dil[a] * jump[a]
-                start[a] -= p[a] * jump[a]
-                jump[a] *= s[a]
-        elif not (isinstance(m, _POINTWISE) or getattr(type(m), "pointwise", False)):
-            return None
+            z = m(z)
+            shapes.append(tuple(z.shape[1:]))
+            volume = max(volume, z[0].numel() * c * size[0] * size[1])
+    if c * size[0] * size[1] >= c * h * w:
+        return None  # fields as large as the image: nothing to gain over the generic sweep
     if any(not isinstance(m, (nn.Linear, nn.ReLU, nn.Dropout, nn.Identity)) for _, m in tail):
         return None
     relu_names = [n for n, m in spatial + tail if isinstance(m, nn.ReLU)]
     if relu_names != names:
         return None  # every ReLU module is one site, named by its path (record_gates' names)
-    tail_names = [n for n, m in tail if isinstance(m, nn.ReLU)]
-    c, h, w = x.shape[1:]
-    period = (min(size[0], h), min(size[1], w))
-    n_dir = c * period[0] * period[1]
-    if n_dir >= c * h * w:
-        return None  # no compression to gain
-    # the flattened layer's shape, from one forward pass of a single input through the spatial part
-    with torch.no_grad():
-        z = x[:1]
-        for _, m in spatial:
-            z = m(z)
-    fc, fh, fw = z.shape[1:]
-    dev = x.device
-    # direction of input coordinate (ch, r, s): (ch, r mod P_h, s mod P_w)
-    ch, r, s = torch.meshgrid(torch.arange(c, device=dev), torch.arange(h, device=dev),
-                              torch.arange(w, device=dev), indexing="ij")
-    colour = (ch * period[0] + r % period[0]) * period[1] + s % period[1]
-    directions = torch.zeros(n_dir, c * h * w, dtype=x.dtype, device=dev)
-    directions[colour.flatten(), torch.arange(c * h * w, device=dev)] = 1
-    # pixel of colour (ch, a, b) in the field of flattened unit (f, y, x): the unique r in [lo, lo + P)
-    # with r = a mod P, kept if it lies inside the image
-    def rows(a_len, out_len, axis, limit):
-        lo = start[axis] + jump[axis] * torch.arange(out_len, device=dev)[:, None]  # field start (unclipped)
-        first = lo.clamp_min(0)  # field and image meet in [first, min(lo + size, limit)), at most a_len long
-        a = torch.arange(a_len, device=dev)[None, :]
-        pos = first + (a - first) % a_len
-        return pos, pos < torch.clamp(lo + size[axis], max=limit)
-    pr, okr = rows(period[0], fh, 0, h)   # (fh, P_h)
-    ps, oks = rows(period[1], fw, 1, w)   # (fw, P_w)
-    coord = (torch.arange(c, device=dev)[None, None, :, None, None] * h
-             + pr[:, None, None, :, None]) * w + ps[None, :, None, None, :]        # (fh, fw, C, P_h, P_w)
-    ok = okr[:, None, None, :, None] & oks[None, :, None, None, :]
-    coord = torch.where(ok, coord, torch.full_like(coord, c * h * w)).reshape(fh * fw, n_dir)
-    sites = iter(tail_names)
-    return _ConvPlan(directions, coord, fc, spatial,
-                     [(next(sites) if isinstance(m, nn.ReLU) else None, m) for _, m in tail])
+    sites = iter(n for n, m in tail if isinstance(m, nn.ReLU))
+    first = tail[0][1].out_features if tail and isinstance(tail[0][1], nn.Linear) else z[0].numel()
+    volume = max(volume, first * c * h * w)  # the dense switched weights of the first tail layer
+    return _ConvPlan([(n, m, s) for (n, m), s in zip(spatial, shapes)],
+                     [(next(sites) if isinstance(m, nn.ReLU) else None, m) for _, m in tail], volume)
 
 
-def _sq_norms_conv(model: nn.Module, x: Tensor, rec, names: list[str], plan: _ConvPlan,
-                   chunk_size: int) -> dict[str, Tensor]:
-    """``|w_i|^2`` of every hidden neuron through the plan: compressed forward mode for the spatial part,
-    the re-assembled dense Jacobian of the flattened layer times the tail for the rest."""
-    n, d = x.shape[0], x[0].numel()
-    sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
-    flat_cols = []
-    k = max(1, chunk_size // n)
-    gates = {name: rec.gates[name].to(x.dtype) for name, m in plan.spatial if isinstance(m, nn.ReLU)}
-    for rows in torch.arange(plan.directions.shape[0], device=x.device).split(k):
-        # the frozen network's linear part, layer by layer, on the directions; until the first gate or
-        # max-pool the tangents are the same for every input, so they run once, not once per input
-        t, shared = plan.directions[rows].to(x.dtype).reshape(len(rows), *x.shape[1:]), True
-        for name, m in plan.spatial:
-            if isinstance(m, nn.Conv2d):
-                t = F.conv2d(t, m.weight.to(t.dtype), None, m.stride, m.padding, m.dilation, m.groups)
-            elif isinstance(m, nn.ReLU):
-                t = t.view(len(rows), 1 if shared else n, *t.shape[1:])
-                sq[name] += torch.einsum("kni,kni->ni", t.flatten(2), t.flatten(2))  # broadcasts if shared
-                t, shared = (t * gates[name]).flatten(0, 1), False
-            elif isinstance(m, nn.MaxPool2d):  # each window passes its winner's tangent
-                idx = rec.pool_indices[name]
-                t = t.view(len(rows), 1 if shared else n, t.shape[1], -1)
-                t, shared = torch.take_along_dim(t, idx.flatten(2)[None], dim=3).reshape(-1, *idx.shape[1:]), False
-            elif isinstance(m, nn.AvgPool2d):
-                t = m(t)
-            elif not isinstance(m, (nn.Dropout, nn.Identity)):  # point-wise affine (BatchNorm, Normalize)
-                t = torch.func.jvp(m, (torch.zeros_like(t),), (t,))[1]
-        t = t.reshape(len(rows), 1 if shared else n, -1)
-        flat_cols.append(t.expand(len(rows), n, t.shape[2]))
-    flat = torch.cat(flat_cols, 0)  # (K, N, U_flat): each flattened unit's Jacobian entries, compressed
-    n_pos, n_dir = plan.pixel.shape
-    flat = flat.reshape(n_dir, n, plan.channels, n_pos)
+def _shift_add(patches: Tensor, m: nn.Module, shape, batch: int, jump, add) -> Tensor:
+    """Patches ``(C_in, s_h, s_w, C, N, H, W)`` through a windowed layer into ``shape = (C', H', W')``:
+    for each kernel offset, ``add(window, ky, kx, selected)`` adds the units below at that offset
+    (zero-padded) into the offset's place of the larger window of every unit above."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(m)
+    cin, s0, s1 = patches.shape[:3]
+    patches = F.pad(patches, (pw, pw, ph, ph)) if ph or pw else patches
+    co, oh, ow = shape
+    out = patches.new_zeros(cin, s0 + (kh - 1) * dh * jump[0], s1 + (kw - 1) * dw * jump[1], co, batch, oh, ow)
+    for ky in range(kh):
+        for kx in range(kw):
+            sel = patches[..., ky * dh: ky * dh + sh * (oh - 1) + 1: sh, kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
+            y, x = ky * dh * jump[0], kx * dw * jump[1]
+            add(out[:, y: y + s0, x: x + s1], ky, kx, sel)
+    return out
+
+
+def _sq_norms_conv(x: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor],
+                   plan: _ConvPlan) -> dict[str, Tensor]:
+    """``|w_i|^2`` of every hidden neuron of the inputs ``x`` (one chunk, with their recorded gates and
+    max-pool winners) through the plan's patches, held as ``(C_in, s_h, s_w, C, N, H, W)``: patch
+    coordinates first, so that adding a patch into a window of a larger one adds whole layers."""
+    n, (c, h, w) = x.shape[0], x.shape[1:]
+    sq: dict[str, Tensor] = {}
+    # an input unit's patch is its own coordinate, the same for every input until the first gate or
+    # max-pool (a batch dimension of 1 broadcasts)
+    t = torch.eye(c, dtype=x.dtype, device=x.device)[:, None, None, :, None, None, None].expand(c, 1, 1, c, 1, h, w)
+    jump, start = [1, 1], [0, 0]  # of the receptive fields, in input pixels
+    for name, m, shape in plan.spatial:
+        if isinstance(m, nn.Conv2d):
+            wt = m.weight.to(x.dtype)
+            if m.groups > 1:  # the dense (O, C) weight of a grouped convolution, zero across groups
+                o, g = wt.shape[0], m.groups
+                dense = wt.new_zeros(o, g, wt.shape[1], *wt.shape[2:])
+                dense[torch.arange(o), torch.arange(o) // (o // g)] = wt
+                wt = dense.flatten(1, 2)
+
+            def conv_add(window, ky, kx, sel, wt=wt):
+                part = torch.matmul(wt[:, :, ky, kx], sel.reshape(-1, sel.shape[3], sel[0, 0, 0, 0].numel()))
+                window += part.view(window.shape)
+            t = _shift_add(t, m, shape, t.shape[4], jump, conv_add)
+        elif isinstance(m, nn.MaxPool2d):  # each window passes its winner's patch, shifted into place
+            idx = pool_indices[name].transpose(0, 1)  # (C, N, H', W') flat positions in the map below
+            width = t.shape[-1]
+            (_, _), (sh, sw), (ph, pw), (dh, dw) = _window(m)
+            oy = torch.arange(shape[1], device=x.device)[:, None] * sh - ph
+            ox = torch.arange(shape[2], device=x.device)[None, :] * sw - pw
+            ky, kx = (idx // width - oy) // dh, (idx % width - ox) // dw
+
+            def pool_add(window, a, b, sel, ky=ky, kx=kx):
+                window.addcmul_(sel, ((ky == a) & (kx == b)).to(sel.dtype))
+            t = _shift_add(t, m, shape, n, jump, pool_add)
+        elif isinstance(m, nn.AvgPool2d):
+            k = _window(m)[0]
+            div = m.divisor_override or k[0] * k[1]
+            t = _shift_add(t, m, shape, t.shape[4], jump,
+                           lambda window, a, b, sel, div=div: window.add_(sel, alpha=1 / div))
+        elif isinstance(m, nn.ReLU):
+            norms = (t * t).sum((0, 1, 2))  # (C, N, H, W)
+            sq[name] = norms.transpose(0, 1).flatten(1).expand(n, -1)
+            g = gates[name].transpose(0, 1).to(x.dtype)
+            t = t.mul_(g) if t.shape[4] == n and t.is_contiguous() else t * g  # in place unless shared
+        elif not isinstance(m, (nn.Dropout, nn.Identity)):  # point-wise affine (BatchNorm, Normalize)
+            v, cc, nn_, hh, ww = t.flatten(0, 2).shape
+            tangent = t.flatten(0, 2).transpose(1, 2).reshape(v * nn_, cc, hh, ww)
+            lin = torch.func.jvp(m, (torch.zeros_like(tangent),), (tangent,))[1]
+            t = lin.view(v, nn_, *lin.shape[1:]).transpose(1, 2).reshape(*t.shape[:3], *lin.shape[1:2],
+                                                                          nn_, *lin.shape[2:])
+        if isinstance(m, _WINDOWED):
+            _, stride, pad, _ = _window(m)
+            start = [start[a] - pad[a] * jump[a] for a in range(2)]
+            jump = [jump[a] * stride[a] for a in range(2)]
+    # the first tail layer's switched weights: position by position of the flattened map, its weights
+    # (O x C) times the C patches there, added into the image (all O rows at once)
+    fc, fh, fw = plan.spatial[-1][2] if plan.spatial else (c, h, w)
+    t = t.expand(*t.shape[:4], n, *t.shape[5:])
     tail = list(plan.tail)
     if tail and isinstance(tail[0][1], nn.Linear):
-        # first tail layer, position by position: W[:, :, p] (O x C) times the C x K compressed block of
-        # position p, added into the input pixels of p's receptive field (never the dense U_flat x d matrix)
-        m = tail.pop(0)[1]
-        w = m.weight.to(x.dtype).reshape(m.out_features, plan.channels, n_pos)
-        vals = torch.einsum("ocp,kncp->nopk", w, flat).reshape(n, m.out_features, n_pos * n_dir)
-        t = x.new_zeros(n, m.out_features, d + 1)
-        t.scatter_add_(2, plan.pixel.reshape(1, 1, -1).expand(n, m.out_features, -1), vals)
-    else:
-        t = x.new_zeros(n, plan.channels, n_pos, d + 1)
-        t.scatter_(3, plan.pixel[None, None].expand(n, plan.channels, -1, -1), flat.permute(1, 2, 3, 0))
-        t = t.reshape(n, plan.channels * n_pos, d + 1)
-    t = t[..., :d]  # (N, units, d): the Jacobian of the first tail layer (or of the flattened layer), dense
+        wt = tail.pop(0)[1].weight.to(x.dtype).reshape(-1, fc, fh, fw)
+    else:  # a gate right after Flatten: the flattened units themselves
+        wt = torch.eye(fc * fh * fw, dtype=x.dtype, device=x.device).reshape(-1, fc, fh, fw)
+    o, (s0, s1) = wt.shape[0], t.shape[1:3]
+    canvas = (jump[0] * (fh - 1) + s0, jump[1] * (fw - 1) + s1)
+    img = x.new_zeros(c, *canvas, n, o)
+    by_position = t.permute(5, 6, 0, 1, 2, 4, 3).reshape(fh, fw, -1, fc)  # (H, W, C_in s_h s_w N, C)
+    for py in range(fh):
+        for px in range(fw):
+            part = by_position[py, px] @ wt[:, :, py, px].T  # (C_in s_h s_w N, O)
+            img[:, py * jump[0]: py * jump[0] + s0, px * jump[1]: px * jump[1] + s1] += part.view(c, s0, s1, n, o)
+    if start == [0, 0] and canvas == (h, w):
+        rows = img
+    else:  # the part of the canvas inside the image
+        rows = x.new_zeros(c, h, w, n, o)
+        r0, c0 = max(0, start[0]), max(0, start[1])
+        r1, c1 = min(h, start[0] + canvas[0]), min(w, start[1] + canvas[1])
+        rows[:, r0:r1, c0:c1] = img[:, r0 - start[0]: r1 - start[0], c0 - start[1]: c1 - start[1]]
+    rows = rows.reshape(c * h * w, n, o)
     for name, m in tail:
         if isinstance(m, nn.Linear):
-            t = torch.einsum("ou,nud->nod", m.weight.to(t.dtype), t)
+            rows = rows @ m.weight.to(rows.dtype).T
         elif name is not None:
-            sq[name] = torch.einsum("nud,nud->nu", t, t)
-            t = t * rec.gates[name].flatten(1).to(t.dtype)[..., None]
+            sq[name] = (rows * rows).sum(0)
+            rows = rows * gates[name].flatten(1).to(rows.dtype)
     return sq
 
 
@@ -475,16 +507,17 @@ def _sq_norms_conv(model: nn.Module, x: Tensor, rec, names: list[str], plan: _Co
 def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure: bool = True) -> InsensResult:
     """Inactive state sensitivity ``Omega(x) = mean_{i: q_i <= 0} q_i w_i / |w_i|^2`` (Eq. 7-8).
 
-    Two passes, never holding more than ``chunk_size`` columns of the Jacobian: forward mode
-    through the frozen network accumulates ``|w_i|^2`` for every hidden neuron; then one backward
+    Two passes, never holding more than about ``chunk_size`` columns of the Jacobian (one number per
+    hidden neuron and input each): forward mode through the frozen network accumulates ``|w_i|^2`` for
+    every hidden neuron; then one backward
     pass computes ``Omega = J^T a`` with ``a_i = q_i / |w_i|^2 / |I|`` on the inactive neurons ``I``
     (``w_i = 0`` neurons are left out, see the module docstring). Vectorised over the batch.
 
     With ``structure=True`` (the default), a plain ``Sequential`` conv net (convolutions, pools and
-    point-wise layers, then ``Flatten`` and a Linear/ReLU tail) takes the receptive-field fast path: one
-    forward-mode direction per colour class of input pixels instead of one per pixel (see ``_ConvPlan``),
-    and the tail's switched weights from the flattened layer's Jacobian. Other models, or
-    ``structure=False``, take the generic sweep over all input coordinates; both give the same result.
+    point-wise layers, then ``Flatten`` and a Linear/ReLU tail) takes the receptive-field fast path:
+    each spatial neuron's switched weight is built on its receptive field only, layer by layer (see
+    ``_ConvPlan``), and the tail's from the flattened units' ones. Other models, or ``structure=False``,
+    take the generic forward-mode sweep over all input coordinates; both give the same result.
     """
     _check(model, x)
     if chunk_size is not None and chunk_size < 1:
@@ -498,8 +531,14 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
     n = x.shape[0]
     plan = _conv_plan(model, x, names) if structure else None
     with torch.no_grad():
-        if plan is not None:
-            sq = _sq_norms_conv(model, x, rec, names, plan, chunk_size or 256)
+        if plan is not None:  # as many inputs per chunk as hold about chunk_size Jacobian columns
+            n_hidden = sum(rec.preactivations[k][0].numel() for k in names)
+            budget = chunk_size * n_hidden if chunk_size else 1 << 22  # default: a few cache-sized images
+            per = max(1, budget // plan.volume)
+            parts = [_sq_norms_conv(x[i:i + per], {k: g[i:i + per] for k, g in rec.gates.items()},
+                                    {k: p[i:i + per] for k, p in rec.pool_indices.items()}, plan)
+                     for i in range(0, n, per)]
+            sq = {k: torch.cat([part[k] for part in parts]) for k in names}
         else:
             sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
             for _, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):

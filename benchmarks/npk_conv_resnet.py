@@ -1,10 +1,10 @@
 """Benchmark: the structured NPKs of Chapters 3 and 4 against their plain definitions.
 
-1. Convolutional NPK (Theorem 3.2): ``kernels.npk_conv`` (joint-gate path counts, all rotations at once)
-   against the Gram matrix of explicitly enumerated bundles (``kernels.npk_conv_reference``), on 8 real
+1. Convolutional NPK (Theorem 3.2): ``npk_conv.npk_conv`` (joint-gate path counts, all rotations at once)
+   against the Gram matrix of explicitly enumerated bundles (``npk_conv.npk_conv_reference``), on 8 real
    MNIST-1D signals and a tiny circular network. Goal: ratio >= 100.
-2. ResNet NPK (Theorem 3.3): ``kernels.npk_resnet`` (the factorised ensemble sum, O(b)) against the sum
-   of the 2^b sub-network kernels (``kernels.npk_resnet_subnetwork``), b = 8, 500 real digits.
+2. ResNet NPK (Theorem 3.3): ``npk_resnet.npk_resnet`` (the factorised ensemble sum, O(b)) against the sum
+   of the 2^b sub-network kernels (``npk_resnet.npk_resnet_subnetwork``), b = 8, 500 real digits.
    Goal: ratio >= 10.
 
 Prints one JSON line per comparison.
@@ -21,7 +21,7 @@ from sklearn.datasets import load_digits
 
 from timing import median_time
 
-from dualview import data, kernels, models
+from dualview import data, models, npk_conv, npk_resnet
 
 
 def report(name: str, ours, baseline, repeats=(5, 1), **extra) -> None:
@@ -38,15 +38,15 @@ def main() -> None:
     x, _ = data.load_mnist1d("test", num_samples=200)
     x = x[:8].double()
     conv = models.circular_convnet(1, [4, 4], [4], 10, kernel_size=3).double()
-    report("npk_conv", lambda: kernels.npk_conv(conv, x), lambda: kernels.npk_conv_reference(conv, x),
+    report("npk_conv", lambda: npk_conv.npk_conv(conv, x), lambda: npk_conv.npk_conv_reference(conv, x),
            n_samples=len(x), d_in=x.shape[-1])
 
     b = 8
     digits = torch.tensor(load_digits().data[:500] / 16.0)
     res = models.fc_resnet(64, 64, 2, b, num_outputs=10).double()
     subsets = [J for k in range(b + 1) for J in itertools.combinations(range(b), k)]
-    report("npk_resnet", lambda: kernels.npk_resnet(res, digits),
-           lambda: sum(kernels.npk_resnet_subnetwork(res, digits, subset=J) for J in subsets),
+    report("npk_resnet", lambda: npk_resnet.npk_resnet(res, digits),
+           lambda: sum(npk_resnet.npk_resnet_subnetwork(res, digits, subset=J) for J in subsets),
            repeats=(5, 1), n_samples=len(digits), blocks=b, subnetworks=len(subsets))
 
 

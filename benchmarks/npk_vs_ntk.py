@@ -2,8 +2,8 @@
 
 Same fully connected network (784 -> 128 x 4 -> 1, the value network of a DGN whose gates come from a
 ReLU network of the same shape), same 1,000 MNIST test images. The NTK is taken with respect to the
-value-network weights (``dualview.kernels.empirical_ntk``, torch.func Jacobians contracted in
-blocks); the NPK with ``dualview.kernels.npk_fc`` (gates recorded once, then one matrix product per
+value-network weights (``dualview.ntk.empirical_ntk``, torch.func Jacobians contracted in
+blocks); the NPK with ``dualview.npk.npk_fc`` (gates recorded once, then one matrix product per
 layer). Each is timed several times, side by side in one run, and the medians are compared.
 Prints one JSON line. Goal: the NPK at least 100x faster than the NTK.
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dualview
-from dualview import data, kernels
+from dualview import data, npk, ntk
 
 
 def fc(width: int, depth: int) -> nn.Sequential:
@@ -41,22 +41,22 @@ def main() -> None:
     dualview.seed_everything(0)
     x = data.subset_per_class(data.load_mnist("test"), args.n // 10, seed=0).x
     gating, value = fc(args.width, args.depth).eval(), fc(args.width, args.depth)
-    dgn = kernels.FixedGates(value, gating)
+    dgn = ntk.FixedGates(value, gating)
 
-    def npk() -> torch.Tensor:
-        return kernels.npk_fc(value, x, gating=gating, dtype=torch.float32)
+    def npk_side() -> torch.Tensor:
+        return npk.npk_fc(value, x, gating=gating, dtype=torch.float32)
 
-    def ntk() -> torch.Tensor:
-        return kernels.empirical_ntk(dgn, x, params="value", chunk_size=50)
+    def ntk_side() -> torch.Tensor:
+        return ntk.empirical_ntk(dgn, x, params="value", chunk_size=50)
 
-    npk(), ntk()  # warm up
+    npk_side(), ntk_side()  # warm up
     ours, baseline = [], []
     for _ in range(args.repeats):  # interleaved, so both see the same machine load
         t = time.perf_counter()
-        npk()
+        npk_side()
         ours.append(time.perf_counter() - t)
         t = time.perf_counter()
-        ntk()
+        ntk_side()
         baseline.append(time.perf_counter() - t)
     b, o = statistics.median(baseline), statistics.median(ours)
     print(json.dumps({"benchmark": "npk_vs_ntk", "baseline_s": round(b, 4), "ours_s": round(o, 5),

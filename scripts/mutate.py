@@ -56,7 +56,7 @@ MUTANTS = [
     Mutant("paths: features lose their sign", "paths.py",
            "        phi = _outer(vecs)\n", "        phi = _outer(vecs).abs()\n",
            ("tests/test_paths.py",)),
-    Mutant("kernels: rotation in the other direction", "kernels.py",
+    Mutant("npk_conv: rotation in the other direction", "npk_conv.py",
            "shifts=tuple(-k for k in rs)", "shifts=tuple(k for k in rs)",
            ("tests/test_rotation_ensemble.py", "tests/test_kernels.py")),
     Mutant("stats: t quantile with n degrees of freedom", "stats.py",

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import kernels
+from dualview import npk, ntk
 from dualview.gates import UnsupportedLayerError
 
 
@@ -34,14 +34,14 @@ def test_product_form_equals_explicit_gram_random(seed, d_in, hidden, n, bias):
     x = torch.randn(n, d_in, dtype=torch.float64)
     x2 = torch.randn(n + 1, d_in, dtype=torch.float64)
     # Theorem 3.1: input paths only
-    torch.testing.assert_close(kernels.npk_fc(net, x, x2, bias_paths=False),
-                               kernels.npf_gram_reference(net, x, x2, input_paths_only=True), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(npk.npk_fc(net, x, x2, bias_paths=False),
+                               npk.npf_gram_reference(net, x, x2, input_paths_only=True), rtol=1e-12, atol=1e-12)
     # the default follows the network's biases: the Gram matrix of all path features (bias paths included)
-    torch.testing.assert_close(kernels.npk_fc(net, x, x2), kernels.npf_gram_reference(net, x, x2),
+    torch.testing.assert_close(npk.npk_fc(net, x, x2), npk.npf_gram_reference(net, x, x2),
                                rtol=1e-12, atol=1e-12)
     # overlap = NPK / <x, x'> for bias-free features
-    torch.testing.assert_close(kernels.npk_fc(net, x, x2, bias_paths=False),
-                               (x @ x2.T) * kernels.overlap_fc(net, x, x2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(npk.npk_fc(net, x, x2, bias_paths=False),
+                               (x @ x2.T) * npk.overlap_fc(net, x, x2), rtol=1e-12, atol=1e-12)
 
 
 def test_product_form_on_real_digits(digits_small):
@@ -49,9 +49,9 @@ def test_product_form_on_real_digits(digits_small):
     torch.manual_seed(0)
     for bias in (False, True):
         net = fc_net([64, 5, 4, 3, 10], bias=bias)
-        assert rel_err(kernels.npk_fc(net, x), kernels.npf_gram_reference(net, x)) < 1e-12
-        assert rel_err(kernels.npk_fc(net, x, bias_paths=False),
-                       kernels.npf_gram_reference(net, x, input_paths_only=True)) < 1e-12
+        assert rel_err(npk.npk_fc(net, x), npk.npf_gram_reference(net, x)) < 1e-12
+        assert rel_err(npk.npk_fc(net, x, bias_paths=False),
+                       npk.npf_gram_reference(net, x, input_paths_only=True)) < 1e-12
 
 
 def test_dgn_gates_from_another_network_match_explicit_features(digits_small):
@@ -59,9 +59,9 @@ def test_dgn_gates_from_another_network_match_explicit_features(digits_small):
     x = x[:6]
     torch.manual_seed(1)
     value, gating = fc_net([64, 3, 3, 1], bias=False), fc_net([64, 3, 3, 1])
-    g = kernels.fc_gates(gating, x)
-    phi = kernels.neural_path_features_from_gates_reference(x, g)
-    torch.testing.assert_close(kernels.npk_fc(value, x, gating=gating), phi @ phi.T, rtol=1e-12, atol=1e-12)
+    g = npk.fc_gates(gating, x)
+    phi = npk.neural_path_features_from_gates_reference(x, g)
+    torch.testing.assert_close(npk.npk_fc(value, x, gating=gating), phi @ phi.T, rtol=1e-12, atol=1e-12)
 
 
 def test_features_from_own_gates_match_paths_module():
@@ -69,7 +69,7 @@ def test_features_from_own_gates_match_paths_module():
     net = fc_net([3, 4, 2, 2], bias=False)
     x = torch.randn(5, 3, dtype=torch.float64)
     from dualview.paths import neural_path_features
-    torch.testing.assert_close(kernels.neural_path_features_from_gates_reference(x, kernels.fc_gates(net, x)),
+    torch.testing.assert_close(npk.neural_path_features_from_gates_reference(x, npk.fc_gates(net, x)),
                                neural_path_features(net, x))
 
 
@@ -79,15 +79,15 @@ def test_layer_permutation_invariance(seed, depth, perm_seed):
     torch.manual_seed(seed)
     net = fc_net([4] + [3] * depth + [1])
     x = torch.randn(5, 4, dtype=torch.float64)
-    g = kernels.fc_gates(net, x)
+    g = npk.fc_gates(net, x)
     perm = torch.randperm(depth, generator=torch.Generator().manual_seed(perm_seed)).tolist()
     gp = [g[k] for k in perm]
-    assert torch.equal(kernels.npk_from_gates(x, gp), kernels.npk_from_gates(x, g))
-    phi, phi_p = (kernels.neural_path_features_from_gates_reference(x, gg) for gg in (g, gp))
+    assert torch.equal(npk.npk_from_gates(x, gp), npk.npk_from_gates(x, g))
+    phi, phi_p = (npk.neural_path_features_from_gates_reference(x, gg) for gg in (g, gp))
     torch.testing.assert_close(phi_p @ phi_p.T, phi @ phi.T, rtol=1e-12, atol=1e-12)
     # concatenating the gates in one layer gives a sum of the base kernels
-    phi_c = kernels.neural_path_features_from_gates_reference(x, [torch.cat(g, 1)])
-    torch.testing.assert_close(phi_c @ phi_c.T, (x @ x.T) * kernels.layer_kernels(g).sum(0), rtol=1e-12, atol=1e-12)
+    phi_c = npk.neural_path_features_from_gates_reference(x, [torch.cat(g, 1)])
+    torch.testing.assert_close(phi_c @ phi_c.T, (x @ x.T) * npk.layer_kernels(g).sum(0), rtol=1e-12, atol=1e-12)
 
 
 @settings(max_examples=15, deadline=None)
@@ -97,20 +97,20 @@ def test_chunked_equals_unchunked(seed, n1, n2, chunk, normalize):
     torch.manual_seed(seed)
     net = fc_net([6, 5, 7, 2])
     x1, x2 = torch.randn(n1, 6, dtype=torch.float64), torch.randn(n2, 6, dtype=torch.float64)
-    for fn in (kernels.npk_fc, kernels.overlap_fc):
+    for fn in (npk.npk_fc, npk.overlap_fc):
         full = fn(net, x1, x2, normalize=normalize)
         torch.testing.assert_close(fn(net, x1, x2, normalize=normalize, chunk_size=chunk), full, rtol=1e-13, atol=0)
-    torch.testing.assert_close(kernels.npk_fc(net, x1, x2, batch_size=3), kernels.npk_fc(net, x1, x2))
+    torch.testing.assert_close(npk.npk_fc(net, x1, x2, batch_size=3), npk.npk_fc(net, x1, x2))
 
 
 def test_gram_of_x1_is_symmetric_and_normalised_factors():
     torch.manual_seed(3)
     net = fc_net([6, 8, 8, 2], bias=False)
     x = torch.randn(9, 6, dtype=torch.float64)
-    K = kernels.npk_fc(net, x)
+    K = npk.npk_fc(net, x)
     torch.testing.assert_close(K, K.T)
-    torch.testing.assert_close(kernels.npk_fc(net, x, normalize=True), K / 64)
-    base = kernels.layer_kernels(kernels.fc_gates(net, x), normalize=True)
+    torch.testing.assert_close(npk.npk_fc(net, x, normalize=True), K / 64)
+    base = npk.layer_kernels(npk.fc_gates(net, x), normalize=True)
     assert base.shape == (2, 9, 9) and float(base.max()) <= 1.0
 
 
@@ -118,10 +118,10 @@ def test_float32_and_dtype_option():
     torch.manual_seed(4)
     net = fc_net([6, 8, 8, 2], dtype=torch.float32)
     x = torch.randn(5, 6)
-    assert kernels.npk_fc(net, x).dtype == torch.float64
-    K32 = kernels.npk_fc(net, x, dtype=torch.float32)
+    assert npk.npk_fc(net, x).dtype == torch.float64
+    K32 = npk.npk_fc(net, x, dtype=torch.float32)
     assert K32.dtype == torch.float32
-    torch.testing.assert_close(K32.double(), kernels.npk_fc(net, x), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(K32.double(), npk.npk_fc(net, x), rtol=1e-5, atol=1e-4)
 
 
 # --- the empirical NTK --------------------------------------------------------------------------
@@ -130,11 +130,11 @@ def test_float32_and_dtype_option():
 @given(seed=st.integers(0, 10_000), n1=st.integers(1, 5), n2=st.integers(1, 5), chunk=st.integers(1, 4))
 def test_ntk_equals_autograd_reference(seed, n1, n2, chunk):
     torch.manual_seed(seed)
-    dgn = kernels.FixedGates(fc_net([3, 4, 4, 1], bias=True), fc_net([3, 4, 4, 1]))
+    dgn = ntk.FixedGates(fc_net([3, 4, 4, 1], bias=True), fc_net([3, 4, 4, 1]))
     x1, x2 = torch.randn(n1, 3, dtype=torch.float64), torch.randn(n2, 3, dtype=torch.float64)
     for params in ("value", None):
-        fast = kernels.empirical_ntk(dgn, x1, x2, params=params, chunk_size=chunk)
-        slow = kernels.empirical_ntk_reference(dgn, x1, x2, params=params)
+        fast = ntk.empirical_ntk(dgn, x1, x2, params=params, chunk_size=chunk)
+        slow = ntk.empirical_ntk_reference(dgn, x1, x2, params=params)
         torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
 
 
@@ -143,21 +143,21 @@ def test_ntk_multi_output_and_recompute_path():
     net = fc_net([3, 5, 3])
     x1, x2 = torch.randn(4, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64)
     for output in (1, -1, "trace", "full"):
-        ref = kernels.empirical_ntk_reference(net, x1, x2, output=output)
-        torch.testing.assert_close(kernels.empirical_ntk(net, x1, x2, output=output, chunk_size=2), ref)
+        ref = ntk.empirical_ntk_reference(net, x1, x2, output=output)
+        torch.testing.assert_close(ntk.empirical_ntk(net, x1, x2, output=output, chunk_size=2), ref)
     # a tiny budget forces recomputing the Jacobians of x2 block by block
     small = 2 * 2 * 3 * sum(p.numel() for p in net.parameters()) * 8
-    torch.testing.assert_close(kernels.empirical_ntk(net, x1, x2, output="trace", chunk_size=2, memory_budget=small),
-                               kernels.empirical_ntk_reference(net, x1, x2, output="trace"))
+    torch.testing.assert_close(ntk.empirical_ntk(net, x1, x2, output="trace", chunk_size=2, memory_budget=small),
+                               ntk.empirical_ntk_reference(net, x1, x2, output="trace"))
     names = ["0.weight"]
-    torch.testing.assert_close(kernels.empirical_ntk(net, x1, output=0, params=names),
-                               kernels.empirical_ntk_reference(net, x1, output=0, params=names))
+    torch.testing.assert_close(ntk.empirical_ntk(net, x1, output=0, params=names),
+                               ntk.empirical_ntk_reference(net, x1, output=0, params=names))
 
 
 def test_ntk_npk_constant_formula():
-    assert kernels.ntk_npk_constant([0.5] * 3) == pytest.approx(3 * 0.5 ** 4)
+    assert ntk.ntk_npk_constant([0.5] * 3) == pytest.approx(3 * 0.5 ** 4)
     s = [0.3, 0.2, 0.7]
-    assert kernels.ntk_npk_constant(s) == pytest.approx(0.2**2 * 0.7**2 + 0.3**2 * 0.7**2 + 0.3**2 * 0.2**2)
+    assert ntk.ntk_npk_constant(s) == pytest.approx(0.2**2 * 0.7**2 + 0.3**2 * 0.7**2 + 0.3**2 * 0.2**2)
 
 
 def test_ntk_diagonal_term_is_exact_and_wide_ntk_is_close_to_constant_times_npk(digits_small):
@@ -166,11 +166,11 @@ def test_ntk_diagonal_term_is_exact_and_wide_ntk_is_close_to_constant_times_npk(
     torch.manual_seed(6)
     w, d = 256, 3
     gating = fc_net([64, w, w, 1])
-    value = kernels.sign_init_(fc_net([64, w, w, 1], bias=False), w ** -0.5, torch.Generator().manual_seed(0))
+    value = ntk.sign_init_(fc_net([64, w, w, 1], bias=False), w ** -0.5, torch.Generator().manual_seed(0))
     torch.testing.assert_close(value[0].weight.abs(), torch.full_like(value[0].weight, w ** -0.5))
-    ntk = kernels.empirical_ntk(kernels.FixedGates(value, gating), x, params="value")
-    target = kernels.ntk_npk_constant([w ** -0.5] * d) * kernels.npk_fc(value, x, gating=gating)
-    assert kernels.relative_deviation(ntk, target) < 0.3
+    K_ntk = ntk.empirical_ntk(ntk.FixedGates(value, gating), x, params="value")
+    target = ntk.ntk_npk_constant([w ** -0.5] * d) * npk.npk_fc(value, x, gating=gating)
+    assert ntk.relative_deviation(K_ntk, target) < 0.3
 
 
 # --- kernel methods -----------------------------------------------------------------------------
@@ -178,9 +178,9 @@ def test_ntk_diagonal_term_is_exact_and_wide_ntk_is_close_to_constant_times_npk(
 def test_kernel_ridge_and_normalisation(digits_small):
     x, y = digits_small
     K = x @ x.T
-    Kn = kernels.normalize_kernel(K, K.diagonal())
+    Kn = npk.normalize_kernel(K, K.diagonal())
     torch.testing.assert_close(Kn.diagonal(), torch.ones(len(x), dtype=torch.float64))
-    res = kernels.kernel_ridge_classify(Kn, y, Kn, ridge=1e-8)
+    res = npk.kernel_ridge_classify(Kn, y, Kn, ridge=1e-8)
     assert (res.predictions == y).all()  # interpolates its training set
     assert res.scores.shape == (len(x), 10)
 
@@ -190,80 +190,80 @@ def test_kernel_ridge_and_normalisation(digits_small):
 def test_unsupported_layers_give_clear_errors():
     x = torch.randn(3, 4)
     with pytest.raises(UnsupportedLayerError, match="GELU"):
-        kernels.npk_fc(nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 1)), x)
+        npk.npk_fc(nn.Sequential(nn.Linear(4, 3), nn.GELU(), nn.Linear(3, 1)), x)
     conv = nn.Sequential(nn.Conv1d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4, 1))
     with pytest.raises(UnsupportedLayerError, match="fully connected"):
-        kernels.npk_fc(conv, x.unsqueeze(1)[:, :, :])
+        npk.npk_fc(conv, x.unsqueeze(1)[:, :, :])
     with pytest.raises(UnsupportedLayerError, match="fully connected"):
-        kernels.fc_gates(conv, torch.randn(3, 1, 6))
+        npk.fc_gates(conv, torch.randn(3, 1, 6))
 
 
 def test_mismatched_shapes_give_clear_errors():
     net = fc_net([4, 3, 1])
     with pytest.raises(ValueError, match="features per sample"):
-        kernels.npk_fc(net, torch.randn(3, 5, dtype=torch.float64))
+        npk.npk_fc(net, torch.randn(3, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="hidden widths"):
-        kernels.npk_fc(net, torch.randn(3, 4, dtype=torch.float64), gating=fc_net([4, 5, 1]))
+        npk.npk_fc(net, torch.randn(3, 4, dtype=torch.float64), gating=fc_net([4, 5, 1]))
     g = [torch.ones(3, 2), torch.ones(3, 2)]
     with pytest.raises(ValueError, match="one row per sample"):
-        kernels.npk_from_gates(torch.randn(4, 4), g)
+        npk.npk_from_gates(torch.randn(4, 4), g)
     with pytest.raises(ValueError, match="same layers and widths"):
-        kernels.overlap_from_gates(g, [torch.ones(2, 2)])
+        npk.overlap_from_gates(g, [torch.ones(2, 2)])
     with pytest.raises(ValueError, match="together with gates2"):
-        kernels.npk_from_gates(torch.randn(3, 4), g, x2=torch.randn(3, 4))
+        npk.npk_from_gates(torch.randn(3, 4), g, x2=torch.randn(3, 4))
     with pytest.raises(ValueError, match="one flag per weight layer"):
-        kernels.npk_from_gates(torch.randn(3, 4), g, bias=[True])
+        npk.npk_from_gates(torch.randn(3, 4), g, bias=[True])
     with pytest.raises(ValueError, match="have no bias"):
-        kernels.npk_fc(fc_net([4, 3, 1], bias=False), torch.randn(2, 4, dtype=torch.float64), bias_paths=True)
+        npk.npk_fc(fc_net([4, 3, 1], bias=False), torch.randn(2, 4, dtype=torch.float64), bias_paths=True)
     with pytest.raises(ValueError, match="chunk_size"):
-        kernels.npk_from_gates(torch.randn(3, 4), g, chunk_size=0)
+        npk.npk_from_gates(torch.randn(3, 4), g, chunk_size=0)
     with pytest.raises(ValueError, match="different shapes"):
-        kernels.relative_deviation(torch.ones(2, 2), torch.ones(3, 3))
+        ntk.relative_deviation(torch.ones(2, 2), torch.ones(3, 3))
     with pytest.raises(ValueError, match="K_train"):
-        kernels.kernel_ridge_classify(torch.eye(3), torch.zeros(2, dtype=torch.long), torch.ones(1, 3))
+        npk.kernel_ridge_classify(torch.eye(3), torch.zeros(2, dtype=torch.long), torch.ones(1, 3))
     with pytest.raises(ValueError, match="diagonal"):
-        kernels.normalize_kernel(torch.zeros(2, 2), torch.zeros(2))
+        npk.normalize_kernel(torch.zeros(2, 2), torch.zeros(2))
 
 
 def test_too_large_without_chunking_is_a_clear_error():
     n = 12_000
     x, g = torch.zeros(n, 2), [torch.zeros(n, 1)]
-    with pytest.raises(kernels.MemoryBudgetError, match="chunk_size"):
-        kernels.npk_from_gates(x, g)
-    with pytest.raises(kernels.MemoryBudgetError, match="chunk_size"):
-        kernels.overlap_from_gates(g)
+    with pytest.raises(npk.MemoryBudgetError, match="chunk_size"):
+        npk.npk_from_gates(x, g)
+    with pytest.raises(npk.MemoryBudgetError, match="chunk_size"):
+        npk.overlap_from_gates(g)
     small = torch.zeros(50, 2), [torch.zeros(50, 1)]
-    with pytest.raises(kernels.MemoryBudgetError, match="smaller chunk_size"):
-        kernels.npk_from_gates(*small, chunk_size=40, memory_budget=1000)
-    assert kernels.npk_from_gates(*small, chunk_size=1, memory_budget=1000).shape == (50, 50)
+    with pytest.raises(npk.MemoryBudgetError, match="smaller chunk_size"):
+        npk.npk_from_gates(*small, chunk_size=40, memory_budget=1000)
+    assert npk.npk_from_gates(*small, chunk_size=1, memory_budget=1000).shape == (50, 50)
 
 
 def test_ntk_bad_input():
     net = fc_net([3, 4, 2])
     x = torch.randn(2, 3, dtype=torch.float64)
     with pytest.raises(ValueError, match="2 outputs"):
-        kernels.empirical_ntk(net, x)
+        ntk.empirical_ntk(net, x)
     with pytest.raises(ValueError, match="has 2 outputs"):
-        kernels.empirical_ntk(net, x, output=5)
+        ntk.empirical_ntk(net, x, output=5)
     with pytest.raises(KeyError, match="no parameters"):
-        kernels.empirical_ntk(net, x, output=0, params=["nope"])
+        ntk.empirical_ntk(net, x, output=0, params=["nope"])
     with pytest.raises(ValueError, match="no parameters selected"):
-        kernels.empirical_ntk(net, x, output=0, params="value")
-    with pytest.raises(kernels.MemoryBudgetError, match="smaller chunk_size"):
-        kernels.empirical_ntk(net, x, output=0, memory_budget=10)
+        ntk.empirical_ntk(net, x, output=0, params="value")
+    with pytest.raises(npk.MemoryBudgetError, match="smaller chunk_size"):
+        ntk.empirical_ntk(net, x, output=0, memory_budget=10)
     with pytest.raises(ValueError, match="value_input"):
-        kernels.FixedGates(net, net, value_input="zeros")
+        ntk.FixedGates(net, net, value_input="zeros")
     with pytest.raises(ValueError, match="one sigma per Linear"):
-        kernels.sign_init_(net, [0.1])
+        ntk.sign_init_(net, [0.1])
 
 
 def test_fixed_gates_stays_eval_and_uses_gating_gates():
     torch.manual_seed(7)
     value, gating = fc_net([3, 4, 1]), fc_net([3, 4, 1])
-    dgn = kernels.FixedGates(value, gating).train()
+    dgn = ntk.FixedGates(value, gating).train()
     assert dgn.value.training and not dgn.gating.training
     x = torch.randn(5, 3, dtype=torch.float64)
     G = (gating[0](x) > 0).double()
     torch.testing.assert_close(dgn(x), value[2](value[0](x) * G))
-    ones = kernels.FixedGates(value, gating, value_input="ones")
+    ones = ntk.FixedGates(value, gating, value_input="ones")
     torch.testing.assert_close(ones(x), value[2](value[0](torch.ones_like(x)) * G))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import data, kernels, models, paths
+from dualview import data, models, npk_conv, npk_resnet, paths
 from dualview.gates import UnsupportedLayerError
 
 
@@ -36,10 +36,10 @@ def test_rotation_sum_equals_bundle_gram_random_1d(seed, length, channels, fc, k
     net = models.circular_convnet(in_channels, channels, fc, 2, kernel_size=kernel, head=head, spatial=length).double()
     x = torch.randn(3, in_channels, length, dtype=torch.float64)
     x2 = torch.randn(2, in_channels, length, dtype=torch.float64)
-    b = paths.bundle_features_reference(net, x)
+    b = npk_conv.bundle_features_reference(net, x)
     # the bundles reproduce the network (the dual identity), so they are the right reference
     torch.testing.assert_close(b.features @ b.values, net(x), rtol=1e-10, atol=1e-12)
-    assert rel_err(kernels.npk_conv(net, x, x2), kernels.npk_conv_reference(net, x, x2)) < 1e-12
+    assert rel_err(npk_conv.npk_conv(net, x, x2), npk_conv.npk_conv_reference(net, x, x2)) < 1e-12
     # Proposition F.2: d_in paths per bundle with pooling; singletons without it
     assert set(b.sizes.tolist()) == ({length} if head == "gap" else {1})
 
@@ -49,18 +49,18 @@ def test_rotation_sum_2d_and_dilation(head):
     torch.manual_seed(1)
     net = models.circular_convnet(1, [2, 2], [2], 2, kernel_size=3, dims=2, head=head, spatial=(4, 3)).double()
     x = torch.randn(3, 1, 4, 3, dtype=torch.float64)
-    assert rel_err(kernels.npk_conv(net, x), kernels.npk_conv_reference(net, x)) < 1e-12
+    assert rel_err(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
     dil = nn.Sequential(nn.Conv1d(1, 2, 3, padding=2, dilation=2, padding_mode="circular", bias=False), nn.ReLU(),
                         nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(2, 1, bias=False)).double()
     z = torch.randn(4, 1, 6, dtype=torch.float64)
-    assert rel_err(kernels.npk_conv(dil, z), kernels.npk_conv_reference(dil, z)) < 1e-12
+    assert rel_err(npk_conv.npk_conv(dil, z), npk_conv.npk_conv_reference(dil, z)) < 1e-12
 
 
 def test_rotation_sum_on_real_signals(mnist1d_small):
     torch.manual_seed(2)
     net = models.circular_convnet(1, [2, 2], [2], 10, kernel_size=3).double()
     x = mnist1d_small[:3, :, :12]  # a window of real MNIST-1D signals keeps the enumeration small
-    assert rel_err(kernels.npk_conv(net, x), kernels.npk_conv_reference(net, x)) < 1e-12
+    assert rel_err(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
 
 
 def test_lemma_f1_both_forms_and_overlap_definition():
@@ -69,14 +69,14 @@ def test_lemma_f1_both_forms_and_overlap_definition():
     torch.manual_seed(3)
     net = models.circular_convnet(1, [2], [2], 1, kernel_size=3).double()
     x = torch.randn(2, 1, 5, dtype=torch.float64)
-    s = kernels.conv_structure(net, x.shape[1:])
-    g = kernels.conv_gates(net, x, s)
-    lam = kernels.conv_overlap(s, g)  # (2, 2, R, d)
+    s = npk_conv.conv_structure(net, x.shape[1:])
+    g = npk_conv.conv_gates(net, x, s)
+    lam = npk_conv.conv_overlap(s, g)  # (2, 2, R, d)
     # explicit: activity of the path from input i through tap t and filter c to hidden unit u
     conv = net.conv1
     for a, bb, r in itertools.product(range(2), range(2), range(5)):
-        rotated = kernels.rotate(x[bb:bb + 1], r)
-        gr = kernels.conv_gates(net, rotated, s)
+        rotated = npk_conv.rotate(x[bb:bb + 1], r)
+        gr = npk_conv.conv_gates(net, rotated, s)
         for i in range(5):
             total = 0.0
             for t, c, u in itertools.product(range(3), range(2), range(2)):
@@ -86,18 +86,18 @@ def test_lemma_f1_both_forms_and_overlap_definition():
     # second line of Lemma F.1, written out: rotate x instead of x', with the gates of each rotated input
     # (not the rotated gates) and the overlap counted path by path; npk_conv computes the first line
     x1, x2 = x[:1], x[1:]
-    g2 = kernels.conv_gates(net, x2, s)
+    g2 = npk_conv.conv_gates(net, x2, s)
     second = 0.0
     for r in range(5):
-        xr = kernels.rotate(x1, r)
-        gr = kernels.conv_gates(net, xr, s)
+        xr = npk_conv.rotate(x1, r)
+        gr = npk_conv.conv_gates(net, xr, s)
         for i in range(5):
             overlap = 0.0
             for t, c, u in itertools.product(range(3), range(2), range(2)):
                 pos = (i - t + conv.padding[0]) % 5
                 overlap += (gr[0][0, c, pos] * g2[0][0, c, pos] * gr[1][0, u] * g2[1][0, u]).item()
             second += xr[0, 0, i].item() * x2[0, 0, i].item() * overlap / 25
-    first = kernels.npk_conv(net, x1, x2)[0, 0].item()
+    first = npk_conv.npk_conv(net, x1, x2)[0, 0].item()
     assert abs(first) > 1e-3 and abs(first - second) < 1e-12 * abs(first)
 
 
@@ -109,28 +109,28 @@ def test_kernel_and_output_invariant_with_pooling_not_without(mnist1d_small):
     gap = models.circular_convnet(1, [8, 8], [8], 10, kernel_size=5).double()
     flat = models.circular_convnet(1, [8, 8], [8], 10, kernel_size=5, head="flatten", spatial=40).double()
     for r in (1, 7, 20):
-        xr = kernels.rotate(x, r)
+        xr = npk_conv.rotate(x, r)
         assert rel_err(gap(xr), gap(x)) < 1e-12
-        assert rel_err(kernels.npk_conv(gap, xr, x), kernels.npk_conv(gap, x)) < 1e-12
+        assert rel_err(npk_conv.npk_conv(gap, xr, x), npk_conv.npk_conv(gap, x)) < 1e-12
         assert rel_err(flat(xr), flat(x)) > 1e-3
-        assert rel_err(kernels.npk_conv(flat, xr, x), kernels.npk_conv(flat, x)) > 1e-3
+        assert rel_err(npk_conv.npk_conv(flat, xr, x), npk_conv.npk_conv(flat, x)) > 1e-3
 
 
 def test_constant_input_and_permuted_gates_keep_invariance(mnist1d_small):
     torch.manual_seed(5)
     x = mnist1d_small
     gating = models.circular_convnet(1, [6, 6, 6], [], 10, kernel_size=3).double()
-    s = kernels.conv_structure(gating, x.shape[1:])
+    s = npk_conv.conv_structure(gating, x.shape[1:])
     ones = torch.ones_like(x)
-    g = kernels.conv_gates(gating, x, s)
+    g = npk_conv.conv_gates(gating, x, s)
     perm = [g[2], g[0], g[1]]
     for r in (3, 11):
-        gr = kernels.conv_gates(gating, kernels.rotate(x, r), s)
+        gr = npk_conv.conv_gates(gating, npk_conv.rotate(x, r), s)
         permr = [gr[2], gr[0], gr[1]]
-        base = kernels.npk_conv_from_gates(s, ones, g)
-        assert rel_err(kernels.npk_conv_from_gates(s, ones, g, ones, gr), base) < 1e-12
-        pbase = kernels.npk_conv_from_gates(s, ones, perm)
-        assert rel_err(kernels.npk_conv_from_gates(s, ones, perm, ones, permr), pbase) < 1e-12
+        base = npk_conv.npk_conv_from_gates(s, ones, g)
+        assert rel_err(npk_conv.npk_conv_from_gates(s, ones, g, ones, gr), base) < 1e-12
+        pbase = npk_conv.npk_conv_from_gates(s, ones, perm)
+        assert rel_err(npk_conv.npk_conv_from_gates(s, ones, perm, ones, permr), pbase) < 1e-12
 
 
 def test_chunked_conv_npk_equals_whole():
@@ -138,16 +138,16 @@ def test_chunked_conv_npk_equals_whole():
     net = models.circular_convnet(1, [3], [], 2, kernel_size=3)
     x = torch.randn(7, 1, 9)
     y = torch.randn(5, 1, 9)
-    whole = kernels.npk_conv(net, x, y)
-    torch.testing.assert_close(kernels.npk_conv(net, x, y, chunk_size=2), whole)
+    whole = npk_conv.npk_conv(net, x, y)
+    torch.testing.assert_close(npk_conv.npk_conv(net, x, y, chunk_size=2), whole)
     assert whole.dtype == torch.float64 and whole.shape == (7, 5)
 
 
 def test_rotate_definition():
     x = torch.arange(5.0).view(1, 1, 5)
-    assert kernels.rotate(x, 2).flatten().tolist() == [2.0, 3.0, 4.0, 0.0, 1.0]  # rot(x, r)(i) = x(i + r)
+    assert npk_conv.rotate(x, 2).flatten().tolist() == [2.0, 3.0, 4.0, 0.0, 1.0]  # rot(x, r)(i) = x(i + r)
     img = torch.arange(6.0).view(1, 1, 2, 3)
-    assert kernels.rotate(img, (1, 1))[0, 0, 0, 0].item() == img[0, 0, 1, 1].item()
+    assert npk_conv.rotate(img, (1, 1))[0, 0, 0, 0].item() == img[0, 0, 1, 1].item()
 
 
 # --- the ensemble sum --------------------------------------------------------------------------------
@@ -160,11 +160,11 @@ def test_ensemble_sum_equals_concatenated_features(seed, d_in, width, d_blk, b, 
     net = models.fc_resnet(d_in, width, d_blk, b, outputs).double()
     x = torch.randn(3, d_in, dtype=torch.float64)
     x2 = torch.randn(2, d_in, dtype=torch.float64)
-    phi, v = kernels.resnet_path_features_reference(net, x)
+    phi, v = npk_resnet.resnet_path_features_reference(net, x)
     torch.testing.assert_close(phi @ v, net(x), rtol=1e-10, atol=1e-12)
-    ref = kernels.npk_resnet_reference(net, x, x2)
-    assert rel_err(kernels.npk_resnet(net, x, x2), ref) < 1e-12
-    terms = sum(kernels.npk_resnet_subnetwork(net, x, x2, subset=J)
+    ref = npk_resnet.npk_resnet_reference(net, x, x2)
+    assert rel_err(npk_resnet.npk_resnet(net, x, x2), ref) < 1e-12
+    terms = sum(npk_resnet.npk_resnet_subnetwork(net, x, x2, subset=J)
                 for k in range(b + 1) for J in itertools.combinations(range(b), k))
     assert rel_err(terms, ref) < 1e-12
     # Proposition G.1 against the enumerated paths and the unit-weight count
@@ -177,7 +177,7 @@ def test_ensemble_sum_on_real_digits(digits_small):
     x = x[:5].view(5, 8, 8)[:, 2:5, 2:4].flatten(1).double()  # 6 real pixels keep the enumeration small
     torch.manual_seed(7)
     net = models.fc_resnet(6, 3, 1, 3).double()
-    assert rel_err(kernels.npk_resnet(net, x), kernels.npk_resnet_reference(net, x)) < 1e-12
+    assert rel_err(npk_resnet.npk_resnet(net, x), npk_resnet.npk_resnet_reference(net, x)) < 1e-12
 
 
 def test_deleting_blocks_and_path_counts():
@@ -200,33 +200,33 @@ def test_errors_name_the_broken_assumption():
     zeros = nn.Sequential(nn.Conv1d(1, 2, padding_mode="zeros", **base), nn.ReLU(), nn.AdaptiveAvgPool1d(1),
                           nn.Flatten(), nn.Linear(2, 1, bias=False))
     with pytest.raises(UnsupportedLayerError, match="circular"):
-        kernels.conv_structure(zeros, (1, 8))
+        npk_conv.conv_structure(zeros, (1, 8))
     strided = nn.Sequential(nn.Conv1d(1, 2, 3, stride=2, padding=1, padding_mode="circular", bias=False), nn.ReLU(),
                             nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(2, 1, bias=False))
     with pytest.raises(UnsupportedLayerError, match="stride"):
-        kernels.conv_structure(strided, (1, 8))
+        npk_conv.conv_structure(strided, (1, 8))
     biased = nn.Sequential(nn.Conv1d(1, 2, 3, padding=1, padding_mode="circular"), nn.ReLU(),
                            nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(2, 1, bias=False))
     with pytest.raises(UnsupportedLayerError, match="bias"):
-        kernels.conv_structure(biased, (1, 8))
+        npk_conv.conv_structure(biased, (1, 8))
     valid = nn.Sequential(nn.Conv1d(1, 2, 3, padding=0, padding_mode="circular", bias=False), nn.ReLU(),
                           nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(2, 1, bias=False))
     with pytest.raises(UnsupportedLayerError, match="padding"):
-        kernels.conv_structure(valid, (1, 8))
+        npk_conv.conv_structure(valid, (1, 8))
     maxpool = nn.Sequential(nn.Conv1d(1, 2, 3, padding=1, padding_mode="circular", bias=False), nn.ReLU(),
                             nn.MaxPool1d(2), nn.Flatten(), nn.Linear(8, 1, bias=False))
     with pytest.raises(UnsupportedLayerError, match="MaxPool1d"):
-        kernels.conv_structure(maxpool, (1, 8))
+        npk_conv.conv_structure(maxpool, (1, 8))
     with pytest.raises(UnsupportedLayerError, match="circular convolutions"):
-        kernels.conv_structure(nn.Sequential(nn.Flatten(), nn.Linear(8, 1)), (1, 8))
+        npk_conv.conv_structure(nn.Sequential(nn.Flatten(), nn.Linear(8, 1)), (1, 8))
     net = models.circular_convnet(1, [2], [], 1)
     with pytest.raises(ValueError, match="shape"):
-        kernels.npk_conv_from_gates(kernels.conv_structure(net, (1, 8)), torch.randn(2, 1, 7),
-                                    kernels.conv_gates(net, torch.randn(2, 1, 8)))
+        npk_conv.npk_conv_from_gates(npk_conv.conv_structure(net, (1, 8)), torch.randn(2, 1, 7),
+                                    npk_conv.conv_gates(net, torch.randn(2, 1, 8)))
     with pytest.raises(ValueError, match="spatial"):
         models.circular_convnet(1, [2], head="flatten")
     with pytest.raises(UnsupportedLayerError, match="FCResNet"):
-        kernels.npk_resnet(nn.Sequential(nn.Linear(2, 1)), torch.randn(2, 2))
+        npk_resnet.npk_resnet(nn.Sequential(nn.Linear(2, 1)), torch.randn(2, 2))
     with pytest.raises(ValueError, match="blocks \\[5\\]"):
         models.fc_resnet(2, 2, 1, 2).subnetwork((5,))
     with pytest.raises(ValueError, match="d_blk"):

@@ -48,6 +48,7 @@ from typing import Callable, Iterator, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
+from dualview.gates import record_gates, run_with_gates
 from dualview.zoo import cifar_resnet
 
 __all__ = [
@@ -641,8 +642,6 @@ def gated_forward_reference(model: GatedNetwork, x: Tensor) -> Tensor:
     :func:`dualview.gates.run_with_gates`, its ReLU ``l`` given the recorded gate of gating ReLU
     ``pi(l)``. A slow, independent check of :meth:`GatedNetwork.forward`.
     """
-    from dualview.gates import record_gates, run_with_gates
-
     if model.gate_fn != "hard" or not isinstance(model.gating, DeepGating) or model.gating.linear:
         raise ValueError("the reference covers DGNs with deep ReLU gating and hard gates")
     rec = record_gates(model.gating.net, x)

@@ -47,8 +47,6 @@ __all__ = [
     "fc_path_count",
     "conv_path_count",
     "resnet_path_count",
-    "Bundles",
-    "bundle_features_reference",
     "parameter_count",
     "PathCount",
     "count_paths",
@@ -482,87 +480,3 @@ def count_paths(model: nn.Module, x: Tensor | None = None, input_shape: tuple[in
                 rows.append(torch.stack([counts[k] for k in names], dim=1).cpu())
         active = torch.cat(rows)
     return PathCount(layers=names, total=total, active=active)
-
-
-# --- bundles of paths that share their weights (convolutions) ------------------------------
-
-
-@dataclass
-class Bundles:
-    """Neural path features of a convolutional network, one per *bundle* of paths with equal value.
-
-    ``features``: ``(N, B)``, ``phi_x(B) = sum_{p in B} x(p_0) A(x, p)``; ``values``: ``(B, C)``, the
-    common product of weights of the bundle's paths into each output; ``sizes``: ``(B,)``, paths per
-    bundle. ``model(x) = features @ values``.
-    """
-
-    features: Tensor
-    values: Tensor
-    sizes: Tensor
-
-
-def bundle_features_reference(model: nn.Module, x: Tensor) -> Bundles:
-    """Explicit path bundles of a circular convolutional network (Definitions F.3-F.4 of
-    :cite:`lakshminarayanan2022explicitising`): a loop over every path, in float64, for tiny networks.
-
-    Each path starts at an input unit ``(c_0, i_0)``, crosses every convolution through one tap into
-    one filter (its position follows from the tap), then (global average pooling: mask ``1/d_in``;
-    flatten: the unit of its position) the fully connected units. Paths whose weights are the same
-    entries of the weight tensors form a bundle: with global average pooling a bundle holds one path
-    per input position (Proposition F.2); with a flatten head every path is its own bundle.
-    """
-    from dualview.kernels import conv_structure  # the same checks as the fast kernel
-
-    s = conv_structure(model, x.shape[1:])
-    net = copy.deepcopy(model).double().eval()
-    x = x.double()
-    rec = record_gates(net, x).gates
-    conv_g = [rec[n].double().reshape(x.shape[0], rec[n].shape[1], -1) for n in s.conv_gates]
-    fc_g = [rec[n].double() for n in s.fc_gates]
-    net.requires_grad_(False)
-    convs = [m for m in net.modules() if isinstance(m, (nn.Conv1d, nn.Conv2d))]
-    linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-    spatial, d = s.spatial, s.d_in
-    taps = [list(itertools.product(*[range(k) for k in m.kernel_size])) for m in convs]
-    flat_x = x.reshape(x.shape[0], s.in_channels, -1)
-
-    def flat(pos):
-        k = 0
-        for p, n in zip(pos, spatial):
-            k = k * n + p
-        return k
-
-    feats: dict[tuple, Tensor] = {}
-    values: dict[tuple, Tensor] = {}
-    sizes: dict[tuple, int] = {}
-    for c0 in range(s.in_channels):
-        for i0 in itertools.product(*[range(n) for n in spatial]):
-            for tap_seq in itertools.product(*taps):
-                for chans in itertools.product(*[range(m.out_channels) for m in convs]):
-                    pos, prev, weight = i0, c0, 1.0
-                    act = torch.ones(x.shape[0], dtype=torch.float64)
-                    for l, (m, tap, c) in enumerate(zip(convs, tap_seq, chans)):
-                        # input position u + dilation * tap - padding feeds output position u
-                        pos = tuple((q - dl * t + pd) % n for q, t, dl, pd, n in
-                                    zip(pos, tap, m.dilation, m.padding, spatial))
-                        weight *= float(m.weight[(c, prev, *tap)])
-                        act = act * conv_g[l][:, c, flat(pos)]
-                        prev = c
-                    if s.head == "gap":
-                        act, first_in, where = act / d, prev, ()
-                    else:
-                        first_in, where = prev * d + flat(pos), (pos,)
-                    widths = [lin.out_features for lin in linears[:-1]]
-                    for units in itertools.product(*[range(w) for w in widths]):
-                        a, w, into = act, weight, first_in
-                        for l, u in enumerate(units):
-                            w *= float(linears[l].weight[u, into])
-                            a = a * fc_g[l][:, u]
-                            into = u
-                        key = (c0, tap_seq, chans, where, units)  # the weights the path uses
-                        feats[key] = feats.get(key, 0) + flat_x[:, c0, flat(i0)] * a
-                        values[key] = w * linears[-1].weight[:, into].detach().double()
-                        sizes[key] = sizes.get(key, 0) + 1
-    keys = list(feats)
-    return Bundles(torch.stack([feats[k] for k in keys], 1), torch.stack([values[k] for k in keys]),
-                   torch.tensor([sizes[k] for k in keys]))

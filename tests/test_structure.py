@@ -1,0 +1,61 @@
+"""The library's import graph: no cycles, and every import goes down the layers listed in the README
+("Layout"), so a lower module never reaches up into a higher one. Parsed from the source with ``ast``
+(imports inside functions included), not from what happens to be imported at run time."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "dualview"
+
+# lowest first; a module may import only from layers before its own (and from the package root)
+LAYERS = [
+    ["data", "stats", "train"],
+    ["gates"],
+    ["paths"],
+    ["zoo"],
+    ["models"],
+    ["npk"],
+    ["ntk", "npk_conv", "npk_resnet", "pullbacks", "projections", "leveling"],
+    ["plot"],
+]
+
+
+def imports() -> dict[str, set[str]]:
+    graph = {}
+    for path in SRC.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dualview"):
+                parts = node.module.split(".")
+                if len(parts) > 1:
+                    found.add(parts[1])
+                else:  # from dualview import x: x is a module, or a name of the package root
+                    found |= {a.name for a in node.names if (SRC / f"{a.name}.py").exists()}
+            elif isinstance(node, ast.Import):
+                found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("dualview.")}
+        graph[path.stem] = found - {path.stem}
+    return graph
+
+
+def test_every_module_has_a_layer():
+    modules = {p.stem for p in SRC.glob("*.py")} - {"__init__"}
+    listed = [m for layer in LAYERS for m in layer]
+    assert sorted(listed) == sorted(modules), "add new modules to LAYERS (and to the README's layout)"
+
+
+def test_imports_go_down_the_layers_so_there_is_no_cycle():
+    level = {m: k for k, layer in enumerate(LAYERS) for m in layer}
+    graph = imports()
+    assert graph["__init__"] == set(), "the package root imports no module (importing dualview stays cheap)"
+    upward = [(m, dep) for m, deps in graph.items() if m != "__init__" for dep in deps if level[dep] >= level[m]]
+    assert not upward, f"imports that do not go down the layers: {upward}"
+
+
+def test_the_parser_sees_a_cycle(tmp_path, monkeypatch):
+    # the parser is not blind: two modules importing each other show up as a cycle in the graph
+    (tmp_path / "gates.py").write_text("from dualview.plot import heatmap\n")
+    (tmp_path / "plot.py").write_text("from dualview import gates\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", tmp_path)
+    graph = imports()
+    assert graph == {"gates": {"plot"}, "plot": {"gates"}}

@@ -21,7 +21,7 @@ from sklearn.datasets import load_digits
 
 from timing import median_time
 
-from dualview import data, models, npk_conv, npk_resnet
+from dualview import data, nets, npk_conv, npk_resnet
 
 
 def report(name: str, ours, baseline, repeats=(5, 1), **extra) -> None:
@@ -37,13 +37,13 @@ def main() -> None:
     torch.manual_seed(0)
     x, _ = data.load_mnist1d("test", num_samples=200)
     x = x[:8].double()
-    conv = models.circular_convnet(1, [4, 4], [4], 10, kernel_size=3).double()
+    conv = nets.circular_convnet(1, [4, 4], [4], 10, kernel_size=3).double()
     report("npk_conv", lambda: npk_conv.npk_conv(conv, x), lambda: npk_conv.npk_conv_reference(conv, x),
            n_samples=len(x), d_in=x.shape[-1])
 
     b = 8
     digits = torch.tensor(load_digits().data[:500] / 16.0)
-    res = models.fc_resnet(64, 64, 2, b, num_outputs=10).double()
+    res = nets.fc_resnet(64, 64, 2, b, num_outputs=10).double()
     subsets = [J for k in range(b + 1) for J in itertools.combinations(range(b), k)]
     report("npk_resnet", lambda: npk_resnet.npk_resnet(res, digits),
            lambda: sum(npk_resnet.npk_resnet_subnetwork(res, digits, subset=J) for J in subsets),

@@ -107,7 +107,7 @@ MUTANTS = [
     Mutant("train: accuracy compares against shuffled labels", "train.py",
            "(predict(model, x, batch_size).argmax(1) == y)", "(predict(model, x, batch_size).argmax(1) == y.roll(1))",
            ("tests/test_train.py", "tests/test_leveling.py", "tests/test_models.py", "tests/test_zoo.py")),
-    Mutant("zoo: Normalize divides by the variance", "zoo.py",
+    Mutant("nets: Normalize divides by the variance", "nets.py",
            "return (x - self.mean) / self.std", "return (x - self.mean) / self.std ** 2",
            ("tests/test_zoo.py",)),
 ]

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import gates, models
+from dualview import gates, hyperplanes, models
 
 SMALL = {
     "fc": models.fc((7, 7, 7, 7), in_shape=(1, 8, 8)),
@@ -132,8 +132,8 @@ def test_dlgn_effective_hyperplanes_reproduce_the_gating_preactivations(real, di
     arch = SMALL["fc"]
     dlgn = models.build(arch, "dlgn").double().eval()
     x = _input(arch, 10, seed=4, digits=_digits_images(digits_small) if real else None)
-    planes = models.effective_hyperplanes(dlgn)
-    ref = models.effective_hyperplanes_reference(dlgn)
+    planes = hyperplanes.effective_hyperplanes(dlgn)
+    ref = hyperplanes.effective_hyperplanes_reference(dlgn)
     with torch.no_grad():
         q = dlgn.gating_preactivations(x)
     for l, (w, b) in enumerate(zip(planes.weight, planes.bias)):
@@ -142,7 +142,7 @@ def test_dlgn_effective_hyperplanes_reproduce_the_gating_preactivations(real, di
     for qa, qb in zip(planes.preactivations(x), q):
         torch.testing.assert_close(qa, qb, rtol=1e-10, atol=1e-12)
     # the local hyperplane of a DLGN unit is the same at every input: the effective one
-    w_loc, b_loc = models.local_hyperplanes(dlgn, x, site=2, units=[0, 3])
+    w_loc, b_loc = hyperplanes.local_hyperplanes(dlgn, x, site=2, units=[0, 3])
     torch.testing.assert_close(w_loc, planes.weight[2][[0, 3]].expand(len(x), 2, -1), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(b_loc, planes.bias[2][[0, 3]].expand(len(x), 2), rtol=1e-10, atol=1e-10)
 
@@ -157,7 +157,7 @@ def test_conv_dlgn_hyperplanes_and_shallow_gating(name):
             _randomize_bn(dlgn, torch.Generator().manual_seed(6))
         dlgn.eval()
         x = torch.rand(4, *arch.in_shape, dtype=torch.float64)
-        planes = models.effective_hyperplanes(dlgn)
+        planes = hyperplanes.effective_hyperplanes(dlgn)
         with torch.no_grad():
             for qa, qb in zip(planes.preactivations(x), dlgn.gating_preactivations(x)):
                 torch.testing.assert_close(qa, qb.flatten(1), rtol=1e-10, atol=1e-11)
@@ -168,7 +168,7 @@ def test_dgn_local_hyperplanes_are_exact_but_change_with_the_input(digits_small)
     arch = SMALL["fc"]
     dgn = models.build(arch, "dgn").double().eval()
     x = _input(arch, 12, 0, digits=_digits_images(digits_small))
-    w, b = models.local_hyperplanes(dgn, x, site=3, units=[1, 2])
+    w, b = hyperplanes.local_hyperplanes(dgn, x, site=3, units=[1, 2])
     q = dgn.gating_preactivations(x)[3][:, [1, 2]]
     torch.testing.assert_close((w * x.flatten(1)[:, None]).sum(-1) + b, q.detach())
     # the gating network restricted to x's own gates is linear: its weight is the product of the
@@ -244,7 +244,7 @@ def test_vgg16_shallow_gating_and_the_dual_lifting_ladder():
     sf = models.build(models.vgg16(pool="avg"), "dlgn", gating="shallow", value_input="ones")
     sf(x).sum().backward()
     assert len(sf.gating.branches) == 13
-    ladder = models.dual_lifting_ladder(SMALL["vgg-max"], models.conv1(6, in_shape=(3, 16, 16)))
+    ladder = hyperplanes.dual_lifting_ladder(SMALL["vgg-max"], models.conv1(6, in_shape=(3, 16, 16)))
     assert [m.name for m in ladder] == ["CONV1-LIN", "VGG-LIN", "CONV1", "VGG-LIN-MAX", "VGG-AVG", "VGG",
                                         "DLGN-SHALLOW", "DLGN", "DLGN-MAX"]
     xs = torch.rand(2, 3, 16, 16)
@@ -252,7 +252,7 @@ def test_vgg16_shallow_gating_and_the_dual_lifting_ladder():
         assert m.model(xs).shape == (2, 10)
     dlgn_max = ladder[-1].model.eval()
     with pytest.raises(ValueError, match="max-pooling"):
-        models.effective_hyperplanes(dlgn_max)
+        hyperplanes.effective_hyperplanes(dlgn_max)
 
 
 def test_documented_errors():
@@ -287,21 +287,21 @@ def test_documented_errors():
         models.build(arch, "dgn").value(torch.rand(1, 1, 8, 8))
     dgn = models.build(arch, "dgn").eval()
     with pytest.raises(ValueError, match="ReLUs"):
-        models.effective_hyperplanes(dgn)
+        hyperplanes.effective_hyperplanes(dgn)
     with pytest.raises(TypeError, match="GatedNetwork"):
-        models.effective_hyperplanes(models.build(arch, "dnn"))
+        hyperplanes.effective_hyperplanes(models.build(arch, "dnn"))
     bn = models.build(SMALL["conv-circular-bn"], "dlgn")  # in training mode
     with pytest.raises(ValueError, match="model.eval"):
-        models.effective_hyperplanes(bn)
+        hyperplanes.effective_hyperplanes(bn)
     with pytest.raises(ValueError, match="max_entries"):
-        models.effective_hyperplanes(models.build(models.fc(), "dlgn").eval(), max_entries=1000)
+        hyperplanes.effective_hyperplanes(models.build(models.fc(), "dlgn").eval(), max_entries=1000)
     with pytest.raises(ValueError, match="units"):
-        models.local_hyperplanes(dgn, torch.rand(2, 1, 8, 8), site=0, units=[99])
+        hyperplanes.local_hyperplanes(dgn, torch.rand(2, 1, 8, 8), site=0, units=[99])
     inplace = models.build(arch, "dnn")
     inplace.relu2 = nn.ReLU(inplace=True)
     with pytest.raises(ValueError, match="in-place"):
         models.build(arch, "dgn", pretrained=inplace)
     with pytest.raises(ValueError, match="site must lie"):
-        models.local_hyperplanes(dgn, torch.rand(2, 1, 8, 8), site=4, units=[0])
+        hyperplanes.local_hyperplanes(dgn, torch.rand(2, 1, 8, 8), site=4, units=[0])
     with pytest.raises(ValueError, match="ResNets"):
         models.build(models.resnet(20), "dlgn", gating="shallow")

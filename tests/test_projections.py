@@ -228,7 +228,7 @@ def _random_bn(net: nn.Module) -> nn.Module:
 
 
 class _Shift(nn.Module):
-    """A point-wise affine map that declares itself so (as zoo.Normalize does)."""
+    """A point-wise affine map that declares itself so (as nets.Normalize does)."""
 
     pointwise = True
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import data, models, npk_conv, npk_resnet, paths
+from dualview import data, nets, npk_conv, npk_resnet, paths
 from dualview.gates import UnsupportedLayerError
 
 
@@ -33,7 +33,7 @@ def mnist1d_small() -> torch.Tensor:
        in_channels=st.integers(1, 2))
 def test_rotation_sum_equals_bundle_gram_random_1d(seed, length, channels, fc, kernel, head, in_channels):
     torch.manual_seed(seed)
-    net = models.circular_convnet(in_channels, channels, fc, 2, kernel_size=kernel, head=head, spatial=length).double()
+    net = nets.circular_convnet(in_channels, channels, fc, 2, kernel_size=kernel, head=head, spatial=length).double()
     x = torch.randn(3, in_channels, length, dtype=torch.float64)
     x2 = torch.randn(2, in_channels, length, dtype=torch.float64)
     b = npk_conv.bundle_features_reference(net, x)
@@ -47,7 +47,7 @@ def test_rotation_sum_equals_bundle_gram_random_1d(seed, length, channels, fc, k
 @pytest.mark.parametrize("head", ["gap", "flatten"])
 def test_rotation_sum_2d_and_dilation(head):
     torch.manual_seed(1)
-    net = models.circular_convnet(1, [2, 2], [2], 2, kernel_size=3, dims=2, head=head, spatial=(4, 3)).double()
+    net = nets.circular_convnet(1, [2, 2], [2], 2, kernel_size=3, dims=2, head=head, spatial=(4, 3)).double()
     x = torch.randn(3, 1, 4, 3, dtype=torch.float64)
     assert rel_err(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
     dil = nn.Sequential(nn.Conv1d(1, 2, 3, padding=2, dilation=2, padding_mode="circular", bias=False), nn.ReLU(),
@@ -58,7 +58,7 @@ def test_rotation_sum_2d_and_dilation(head):
 
 def test_rotation_sum_on_real_signals(mnist1d_small):
     torch.manual_seed(2)
-    net = models.circular_convnet(1, [2, 2], [2], 10, kernel_size=3).double()
+    net = nets.circular_convnet(1, [2, 2], [2], 10, kernel_size=3).double()
     x = mnist1d_small[:3, :, :12]  # a window of real MNIST-1D signals keeps the enumeration small
     assert rel_err(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
 
@@ -67,7 +67,7 @@ def test_lemma_f1_both_forms_and_overlap_definition():
     """Lambda computed as the count of jointly active paths per input position equals the
     explicit sum over bundles of A(x, b(i)) A(rot(x', r), b(i)), and the two forms of Lemma F.1 agree."""
     torch.manual_seed(3)
-    net = models.circular_convnet(1, [2], [2], 1, kernel_size=3).double()
+    net = nets.circular_convnet(1, [2], [2], 1, kernel_size=3).double()
     x = torch.randn(2, 1, 5, dtype=torch.float64)
     s = npk_conv.conv_structure(net, x.shape[1:])
     g = npk_conv.conv_gates(net, x, s)
@@ -106,8 +106,8 @@ def test_lemma_f1_both_forms_and_overlap_definition():
 def test_kernel_and_output_invariant_with_pooling_not_without(mnist1d_small):
     torch.manual_seed(4)
     x = mnist1d_small
-    gap = models.circular_convnet(1, [8, 8], [8], 10, kernel_size=5).double()
-    flat = models.circular_convnet(1, [8, 8], [8], 10, kernel_size=5, head="flatten", spatial=40).double()
+    gap = nets.circular_convnet(1, [8, 8], [8], 10, kernel_size=5).double()
+    flat = nets.circular_convnet(1, [8, 8], [8], 10, kernel_size=5, head="flatten", spatial=40).double()
     for r in (1, 7, 20):
         xr = npk_conv.rotate(x, r)
         assert rel_err(gap(xr), gap(x)) < 1e-12
@@ -119,7 +119,7 @@ def test_kernel_and_output_invariant_with_pooling_not_without(mnist1d_small):
 def test_constant_input_and_permuted_gates_keep_invariance(mnist1d_small):
     torch.manual_seed(5)
     x = mnist1d_small
-    gating = models.circular_convnet(1, [6, 6, 6], [], 10, kernel_size=3).double()
+    gating = nets.circular_convnet(1, [6, 6, 6], [], 10, kernel_size=3).double()
     s = npk_conv.conv_structure(gating, x.shape[1:])
     ones = torch.ones_like(x)
     g = npk_conv.conv_gates(gating, x, s)
@@ -135,7 +135,7 @@ def test_constant_input_and_permuted_gates_keep_invariance(mnist1d_small):
 
 def test_chunked_conv_npk_equals_whole():
     torch.manual_seed(6)
-    net = models.circular_convnet(1, [3], [], 2, kernel_size=3)
+    net = nets.circular_convnet(1, [3], [], 2, kernel_size=3)
     x = torch.randn(7, 1, 9)
     y = torch.randn(5, 1, 9)
     whole = npk_conv.npk_conv(net, x, y)
@@ -157,7 +157,7 @@ def test_rotate_definition():
        b=st.integers(0, 2), outputs=st.integers(1, 2))
 def test_ensemble_sum_equals_concatenated_features(seed, d_in, width, d_blk, b, outputs):
     torch.manual_seed(seed)
-    net = models.fc_resnet(d_in, width, d_blk, b, outputs).double()
+    net = nets.fc_resnet(d_in, width, d_blk, b, outputs).double()
     x = torch.randn(3, d_in, dtype=torch.float64)
     x2 = torch.randn(2, d_in, dtype=torch.float64)
     phi, v = npk_resnet.resnet_path_features_reference(net, x)
@@ -176,19 +176,19 @@ def test_ensemble_sum_on_real_digits(digits_small):
     x, _ = digits_small
     x = x[:5].view(5, 8, 8)[:, 2:5, 2:4].flatten(1).double()  # 6 real pixels keep the enumeration small
     torch.manual_seed(7)
-    net = models.fc_resnet(6, 3, 1, 3).double()
+    net = nets.fc_resnet(6, 3, 1, 3).double()
     assert rel_err(npk_resnet.npk_resnet(net, x), npk_resnet.npk_resnet_reference(net, x)) < 1e-12
 
 
 def test_deleting_blocks_and_path_counts():
     torch.manual_seed(8)
-    net = models.fc_resnet(4, 5, 2, 3)
+    net = nets.fc_resnet(4, 5, 2, 3)
     x = torch.randn(6, 4)
     full = net(x)
     assert not torch.allclose(net(x, skip=(1,)), full)
     assert len(net.subnetwork((0, 2))) == 4 * 2
     assert paths.conv_path_count(7, 3, [4, 4], [4], 1) == 7 * (3 * 4) ** 2 * 4  # Proposition F.1 (w = 4)
-    conv = models.circular_convnet(2, [3, 2], [4], 3, kernel_size=3)
+    conv = nets.circular_convnet(2, [3, 2], [4], 3, kernel_size=3)
     assert paths.conv_path_count(9, 3, [3, 2], [4], 3, in_channels=2) == round(
         paths.count_paths(conv, input_shape=(2, 9)).total[-1].item())
 
@@ -219,17 +219,17 @@ def test_errors_name_the_broken_assumption():
         npk_conv.conv_structure(maxpool, (1, 8))
     with pytest.raises(UnsupportedLayerError, match="circular convolutions"):
         npk_conv.conv_structure(nn.Sequential(nn.Flatten(), nn.Linear(8, 1)), (1, 8))
-    net = models.circular_convnet(1, [2], [], 1)
+    net = nets.circular_convnet(1, [2], [], 1)
     with pytest.raises(ValueError, match="shape"):
         npk_conv.npk_conv_from_gates(npk_conv.conv_structure(net, (1, 8)), torch.randn(2, 1, 7),
                                     npk_conv.conv_gates(net, torch.randn(2, 1, 8)))
     with pytest.raises(ValueError, match="spatial"):
-        models.circular_convnet(1, [2], head="flatten")
+        nets.circular_convnet(1, [2], head="flatten")
     with pytest.raises(UnsupportedLayerError, match="FCResNet"):
         npk_resnet.npk_resnet(nn.Sequential(nn.Linear(2, 1)), torch.randn(2, 2))
     with pytest.raises(ValueError, match="blocks \\[5\\]"):
-        models.fc_resnet(2, 2, 1, 2).subnetwork((5,))
+        nets.fc_resnet(2, 2, 1, 2).subnetwork((5,))
     with pytest.raises(ValueError, match="d_blk"):
-        models.fc_resnet(2, 2, 0, 2)
+        nets.fc_resnet(2, 2, 0, 2)
     with pytest.raises(ValueError, match="split"):
         data.load_mnist1d("validation")

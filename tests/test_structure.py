@@ -11,12 +11,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dualview"
 # lowest first; a module may import only from layers before its own (and from the package root)
 LAYERS = [
     ["data", "stats", "train"],
-    ["gates"],
+    ["nets"],
+    ["gates", "zoo"],
     ["paths"],
-    ["zoo"],
     ["models"],
     ["npk"],
-    ["ntk", "npk_conv", "npk_resnet", "pullbacks", "projections", "leveling"],
+    ["ntk", "npk_conv", "npk_resnet", "hyperplanes", "pullbacks", "projections", "leveling"],
     ["plot"],
 ]
 

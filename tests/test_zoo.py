@@ -17,9 +17,8 @@ from torch.overrides import TorchFunctionMode
 from dualview import zoo
 from dualview.data import DataNotFoundError, data_dir, load_cifar10, load_mnist, subset_per_class
 from dualview.gates import check_supported
-from dualview.zoo import (
-    PRETRAINED, ChecksumError, Normalize, Resize, ShortcutA, cifar_resnet, load_pretrained,
-)
+from dualview.nets import Normalize, Resize, ShortcutA, cifar_resnet
+from dualview.zoo import PRETRAINED, ChecksumError, load_pretrained
 
 ROOT = data_dir()  # resolved once, before any test changes the environment
 

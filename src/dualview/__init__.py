@@ -3,17 +3,19 @@
 One module per concept, in the order of the book:
 
 * :mod:`dualview.paths`: neural path features and values, path activity, counting paths (Chapter 1);
+* :mod:`dualview.nets`: the plain ReLU networks of the book, no weights;
 * :mod:`dualview.gates`: recording and imposing the gates of any supported network;
 * :mod:`dualview.npk`: the neural path kernel of fully connected networks, base kernels, kernel machines (Chapter 2);
 * :mod:`dualview.ntk`: the empirical NTK and its constant relation to the NPK (Chapter 2);
 * :mod:`dualview.npk_conv`: the rotation-sum NPK of convolutional networks with global pooling (Chapter 3);
 * :mod:`dualview.npk_resnet`: the ensemble-sum NPK of residual networks (Chapter 4);
-* :mod:`dualview.models`: network specifications, deep gated networks, hyperplanes (Chapter 5);
+* :mod:`dualview.models`: network specifications and deep gated networks (Chapter 5);
+* :mod:`dualview.hyperplanes`: the effective hyperplanes of linearly gated networks, the dual-lifting ladder (Chapter 5);
 * :mod:`dualview.pullbacks`: excitation pullbacks and their evaluation (Chapter 6);
 * :mod:`dualview.projections`: switched linear projections and Insens (Chapter 7);
 * :mod:`dualview.leveling`: feature leveling with routing gates (Chapter 8);
 * :mod:`dualview.data`: data sets, offline or downloaded, with clear errors;
-* :mod:`dualview.zoo`: pretrained networks and their checksums;
+* :mod:`dualview.zoo`: pretrained weights for the networks of :mod:`dualview.nets`, checked by SHA-256;
 * :mod:`dualview.train`: a small seeded training loop;
 * :mod:`dualview.stats`: seeds, confidence intervals and paired comparisons;
 * :mod:`dualview.plot`: figures.

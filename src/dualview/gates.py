@@ -18,7 +18,8 @@ padding mode, including circular), ``nn.ReLU``, ``nn.MaxPool1d``, ``nn.MaxPool2d
 ``nn.AvgPool2d``, ``nn.AdaptiveAvgPool1d``, ``nn.AdaptiveAvgPool2d``, ``nn.BatchNorm1d``,
 ``nn.BatchNorm2d`` (eval mode), ``nn.Dropout`` (eval mode), ``nn.Flatten``, ``nn.Identity``, and
 containers of these (``nn.Sequential``, residual blocks whose ``forward`` adds tensors).
-Linear layers of your own join with :func:`register_linear_layer`.
+Linear layers of your own join with :func:`register_linear_layer`, or by declaring a class attribute
+``linear_layer = True`` (as the affine layers of :mod:`dualview.nets` do).
 
 Anything else raises :class:`UnsupportedLayerError` naming the layer: an unknown module, an
 activation other than ReLU (``nn.GELU``, ``nn.Tanh``, ...), BatchNorm or Dropout in training mode,
@@ -88,7 +89,8 @@ def register_linear_layer(*classes: type[nn.Module]) -> None:
 
 
 def SUPPORTED_LAYERS() -> tuple[type[nn.Module], ...]:  # noqa: N802 - reads like a constant
-    """All layer classes dualview accepts (gates, max-pools and registered linear layers)."""
+    """All layer classes dualview accepts (gates, max-pools and registered linear layers); classes that
+    declare ``linear_layer = True`` are accepted too."""
     return _GATE_LAYERS + _POOL_GATE_LAYERS + tuple(_LINEAR_LAYERS)
 
 
@@ -111,7 +113,7 @@ def check_supported(model: nn.Module) -> None:
         if not children:
             if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
                 continue  # an empty container computes nothing
-            if not isinstance(module, supported):
+            if not (isinstance(module, supported) or getattr(type(module), "linear_layer", False)):
                 raise UnsupportedLayerError(
                     f"layer '{label}' ({type(module).__name__}) is not supported: dualview reads "
                     "gates only from nn.ReLU and nn.MaxPool modules, between linear layers. "

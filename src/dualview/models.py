@@ -16,7 +16,7 @@ of the same architecture:
 
 With ReLUs in the gating network this is a DGN; with the identity (no activation) it is a DLGN, whose
 gating pre-activations are affine in the input, ``q_l(x) = W_eff x + b_eff`` (Section 5 there,
-"primal linearity"; :func:`effective_hyperplanes`). Shallow-feature gating (DLGN-SF,
+"primal linearity"; :func:`dualview.hyperplanes.effective_hyperplanes`). Shallow-feature gating (DLGN-SF,
 Section 3.3 of :cite:`lakshminarayanan2022disentangling`) computes each gate layer from the input
 with one linear layer of its own.
 
@@ -41,7 +41,7 @@ import copy
 import itertools
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Callable, Iterator, Literal, Sequence
 
@@ -49,7 +49,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview.gates import record_gates, run_with_gates
-from dualview.zoo import cifar_resnet
+from dualview.nets import cifar_resnet
 
 __all__ = [
     "Architecture",
@@ -74,15 +74,6 @@ __all__ = [
     "reverse_within_blocks",
     "sample_permutations",
     "gated_forward_reference",
-    "Hyperplanes",
-    "effective_hyperplanes",
-    "effective_hyperplanes_reference",
-    "local_hyperplanes",
-    "LadderModel",
-    "dual_lifting_ladder",
-    "circular_convnet",
-    "FCResNet",
-    "fc_resnet",
 ]
 
 Kind = Literal["dnn", "linear", "dgn", "dlgn"]
@@ -105,7 +96,7 @@ class Architecture:
     convolutional layers, followed by global average pooling and a linear output layer), ``"vgg"``
     (``widths``: a VGG configuration, numbers for 3x3 convolutions and ``"P"`` for 2x2 pooling of
     kind ``pool``; then global average pooling and a linear layer) or ``"resnet"`` (the CIFAR
-    ResNet of :func:`dualview.zoo.cifar_resnet` of depth ``depth``). ``in_shape`` is the shape of
+    ResNet of :func:`dualview.nets.cifar_resnet` of depth ``depth``). ``in_shape`` is the shape of
     one input, without the batch dimension.
     """
 
@@ -210,7 +201,7 @@ def vgg16(pool: Literal["max", "avg"] = "max", batch_norm: bool = True, num_clas
 
 def resnet(depth: int = 110, num_classes: int = 10) -> Architecture:
     """The CIFAR ResNet of He et al. :cite:`he2016deep` (3 stages of 16, 32, 64 channels, option-A
-    shortcuts), as :func:`dualview.zoo.cifar_resnet` builds it; ResNet-110 at paper scale."""
+    shortcuts), as :func:`dualview.nets.cifar_resnet` builds it; ResNet-110 at paper scale."""
     return Architecture("resnet", f"ResNet-{depth}", (3, 32, 32), num_classes, depth=depth, batch_norm=True)
 
 
@@ -651,271 +642,3 @@ def gated_forward_reference(model: GatedNetwork, x: Tensor) -> Tensor:
     given = {name: rec.gates[gating_names[model.permutation[l]]] for l, name in enumerate(value_names)}
     xv = torch.ones_like(x) if model.value_input == "ones" else x
     return run_with_gates(relu_value, xv, given)
-
-
-# --------------------------------------------------------------------------------------------------
-# Primal linearity: the gates of a DLGN are hyperplanes
-
-
-@dataclass
-class Hyperplanes:
-    """The affine maps ``q_l(x) = weight[l] @ x.flatten() + bias[l]`` of the gate sites.
-
-    ``weight[l]`` has shape ``(units_l, d_in)`` and ``bias[l]`` ``(units_l,)``; ``sites`` says which
-    gate sites they belong to. Unit ``u`` of site ``l`` switches on exactly on the input half-space
-    ``<weight[l][u], x> + bias[l][u] > 0`` (for a DLGN).
-    """
-
-    sites: list[int]
-    weight: list[Tensor] = field(default_factory=list)
-    bias: list[Tensor] = field(default_factory=list)
-
-    def preactivations(self, x: Tensor) -> list[Tensor]:
-        """``W_eff x + b_eff`` for a batch ``x``: one ``(N, units_l)`` tensor per site."""
-        flat = x.flatten(1).to(self.weight[0].dtype)
-        return [flat @ w.T + b for w, b in zip(self.weight, self.bias)]
-
-
-def _linear_gating(model: GatedNetwork) -> None:
-    if not isinstance(model, GatedNetwork):
-        raise TypeError(f"expected a GatedNetwork (build(arch, 'dlgn')), got {type(model).__name__}")
-    if not model.gating.affine:
-        what = "ReLUs (a DGN)" if not model.gating.linear else "max-pooling (a DLGN-MAX)"
-        raise ValueError(f"the gating network of this model has {what}: its pre-activations are only "
-                         "piecewise linear. Use local_hyperplanes(model, x, site, units) for the hyperplane "
-                         "at x, or build a DLGN with average pooling")
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.gating.modules()):
-        raise ValueError("batch norm in training mode mixes the samples of a batch, so the gating network is "
-                         "not a fixed linear map: call model.eval() first")
-
-
-def effective_hyperplanes(model: GatedNetwork, sites: Sequence[int] | None = None,
-                          max_entries: int = 50_000_000) -> Hyperplanes:
-    """The exact effective hyperplanes ``(W_eff, b_eff)`` of the gate sites of a DLGN.
-
-    A DLGN's gating network is affine (primal linearity, Section 5 of
-    :cite:`lakshminarayanan2022explicitising`), so ``b_eff = q(0)`` and column ``i`` of ``W_eff`` is
-    ``q(e_i) - q(0)``: one batched forward pass of the ``d_in + 1`` inputs ``0, e_1, ..., e_d``.
-    ``max_entries`` guards against asking for ``units x d_in`` matrices that do not fit in memory
-    (pick fewer ``sites``).
-    """
-    _linear_gating(model)
-    shapes = site_shapes(model.arch)
-    sites = list(range(len(shapes))) if sites is None else [int(s) for s in sites]
-    if any(not 0 <= s < len(shapes) for s in sites):
-        raise ValueError(f"sites must lie in range({len(shapes)}), got {sites}")
-    d = model.arch.in_features
-    entries = d * sum(math.prod(shapes[s]) for s in sites)
-    if entries > max_entries:
-        raise ValueError(f"the requested hyperplanes have {entries:,} entries (units x d_in = {d} inputs), more "
-                         f"than max_entries={max_entries:,}: choose fewer sites or raise max_entries")
-    p = next(model.gating.parameters())
-    basis = torch.cat([torch.zeros(1, d, dtype=p.dtype, device=p.device),
-                       torch.eye(d, dtype=p.dtype, device=p.device)]).view(d + 1, *model.arch.in_shape)
-    with torch.no_grad():
-        q = model.gating_preactivations(basis)
-    out = Hyperplanes(sites)
-    for s in sites:
-        flat = q[s].flatten(1)
-        out.bias.append(flat[0].clone())
-        out.weight.append((flat[1:] - flat[0]).T.contiguous())
-    return out
-
-
-def effective_hyperplanes_reference(model: GatedNetwork) -> Hyperplanes:
-    """Effective hyperplanes of an FC DLGN as explicit matrix products, layer by layer:
-    ``W_eff_l = W_l W_eff_{l-1}``, ``b_eff_l = W_l b_eff_{l-1} + b_l`` (the slow, obvious reference)."""
-    _linear_gating(model)
-    if model.arch.family != "fc" or not isinstance(model.gating, DeepGating):
-        raise ValueError("the reference covers fully connected DLGNs with deep gating")
-    linears = [m for m in model.gating.net.modules() if isinstance(m, nn.Linear)][:-1]
-    out = Hyperplanes(list(range(len(linears))))
-    W = torch.eye(model.arch.in_features, dtype=linears[0].weight.dtype, device=linears[0].weight.device)
-    b = torch.zeros(model.arch.in_features, dtype=W.dtype, device=W.device)
-    with torch.no_grad():
-        for layer in linears:
-            W = layer.weight @ W
-            b = layer.weight @ b + (layer.bias if layer.bias is not None else 0)
-            out.weight.append(W.clone())
-            out.bias.append(b.clone())
-    return out
-
-
-def local_hyperplanes(model: GatedNetwork, x: Tensor, site: int, units: Sequence[int]) -> tuple[Tensor, Tensor]:
-    """The hyperplane of gating units ``units`` of ``site`` *at* each input: ``(weight, bias)`` with
-    ``weight[n, u] = d q_{site, u}(x_n) / d x`` of shape ``(N, U, d_in)`` and
-    ``bias[n, u] = q(x_n) - <weight[n, u], x_n>``.
-
-    For a DLGN these are the same for every input (they equal :func:`effective_hyperplanes`); for a
-    DGN they change from input to input, because the gating ReLUs switch. One backward pass over
-    ``U`` stacked copies of the batch.
-    """
-    if not isinstance(model, GatedNetwork):
-        raise TypeError(f"expected a GatedNetwork, got {type(model).__name__}")
-    if any(isinstance(m, nn.modules.batchnorm._BatchNorm) and m.training for m in model.gating.modules()):
-        raise ValueError("batch norm in training mode couples the samples: call model.eval() first")
-    n_sites = len(site_shapes(model.arch))
-    if not 0 <= site < n_sites:
-        raise ValueError(f"site must lie in range({n_sites}) (the gate layers of {model.arch.name}), got {site}")
-    units_t = torch.as_tensor(list(units), dtype=torch.long, device=x.device)
-    U, N = len(units_t), x.shape[0]
-    xs = x.detach().repeat(U, *([1] * (x.dim() - 1))).requires_grad_(True)   # copy u of the batch for unit u
-    q = model.gating_preactivations(xs)[site].flatten(1)                      # (U*N, units)
-    if units_t.numel() == 0 or int(units_t.max()) >= q.shape[1] or int(units_t.min()) < 0:
-        raise ValueError(f"units must be non-empty indices below {q.shape[1]} (units of site {site}), got {list(units)}")
-    picked = q.view(U, N, -1).gather(2, units_t.view(U, 1, 1).expand(U, N, 1))[..., 0]   # (U, N)
-    (grad,) = torch.autograd.grad(picked.sum(), xs)
-    weight = grad.view(U, N, -1).transpose(0, 1)                              # (N, U, d)
-    bias = picked.detach().T - (weight * x.detach().flatten(1)[:, None, :]).sum(-1)
-    return weight.detach(), bias
-
-
-# --------------------------------------------------------------------------------------------------
-# The interpretability-accuracy ladder (Figure 4 of the duality paper)
-
-
-@dataclass
-class LadderModel:
-    """One model of Figure 4 of :cite:`lakshminarayanan2022explicitising`.
-
-    ``rank`` is its place in the interpretability order of Eq. (2) there (1 = most interpretable:
-    shallow linear; 6 = deep + max-pool + ReLU); ``path`` is ``"conventional"`` (grey) or
-    ``"dual lifting"`` (green); a DLGN keeps the rank of the linear model it lifts.
-    """
-
-    name: str
-    level: str
-    rank: int
-    path: str
-    model: nn.Module
-
-
-def dual_lifting_ladder(deep: Architecture, shallow: Architecture, value_input: str = "ones") -> list[LadderModel]:
-    """The models of Figure 4 for a deep VGG-style architecture ``deep`` (its ``pool`` is ignored:
-    both poolings are built) and a shallow one ``shallow`` (CONV1):
-
-    conventional: CONV1-LIN (shallow linear), VGG-LIN (deep linear, average pooling), CONV1 (shallow
-    + ReLU), VGG-LIN-MAX (deep linear + max-pool), VGG-AVG (deep + ReLU), VGG (deep + max-pool +
-    ReLU); dual lifting: DLGN-SHALLOW, DLGN, DLGN-MAX (standalone training, soft gates,
-    ``value_input`` to the value network, ones as in the paper).
-    """
-    if deep.family != "vgg" or shallow.family != "conv":
-        raise ValueError(f"the ladder needs a 'vgg' deep and a 'conv' shallow architecture, got {deep.family!r} "
-                         f"and {shallow.family!r}")
-    avg, mx = deep.with_(pool="avg"), deep.with_(pool="max")
-    return [
-        LadderModel("CONV1-LIN", "shallow linear", 1, "conventional", build(shallow, "linear")),
-        LadderModel("VGG-LIN", "deep linear", 2, "conventional", build(avg, "linear")),
-        LadderModel("CONV1", "shallow + ReLU", 3, "conventional", build(shallow, "dnn")),
-        LadderModel("VGG-LIN-MAX", "deep linear + max-pool", 4, "conventional", build(mx, "linear")),
-        LadderModel("VGG-AVG", "deep + ReLU", 5, "conventional", build(avg, "dnn")),
-        LadderModel("VGG", "deep + max-pool + ReLU", 6, "conventional", build(mx, "dnn")),
-        LadderModel("DLGN-SHALLOW", "shallow linear", 1, "dual lifting",
-                    build(avg, "dlgn", gating="shallow", value_input=value_input)),
-        LadderModel("DLGN", "deep linear", 2, "dual lifting", build(avg, "dlgn", value_input=value_input)),
-        LadderModel("DLGN-MAX", "deep linear + max-pool", 4, "dual lifting",
-                    build(mx, "dlgn", value_input=value_input)),
-    ]
-
-
-# --------------------------------------------------------------------------------------------------
-# The networks of the kernel theorems: circular convolutions (Theorem 3.2), residual blocks (Theorem 3.3)
-
-
-def circular_convnet(in_channels: int, channels: Sequence[int], fc_widths: Sequence[int] = (),
-                     num_outputs: int = 10, kernel_size: int = 3, dims: Literal[1, 2] = 1,
-                     head: Literal["gap", "flatten"] = "gap", spatial: int | tuple[int, ...] | None = None,
-                     ) -> nn.Sequential:
-    """The convolutional network of Appendix F of :cite:`lakshminarayanan2022explicitising`, without biases.
-
-    Circular, stride-1, same-size convolutions (``Conv1d`` or ``Conv2d`` by ``dims``) of ``channels``
-    filters, each followed by a ReLU; then ``head``: ``"gap"`` (global average pooling, the setting of
-    Theorem 3.2) or ``"flatten"`` (every position gets weights of its own, which breaks the rotation
-    invariance; needs ``spatial``, the input's length or ``(H, W)``); then fully connected ReLU layers
-    of ``fc_widths`` and a linear output layer of ``num_outputs`` units.
-    """
-    if dims not in (1, 2):
-        raise ValueError(f"dims must be 1 (signals) or 2 (images), got {dims!r}")
-    if not channels or any(c < 1 for c in channels) or any(w < 1 for w in fc_widths):
-        raise ValueError(f"channels and fc_widths must be positive, got {tuple(channels)} and {tuple(fc_widths)}")
-    if kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be odd (same-size convolutions), got {kernel_size}")
-    if head not in ("gap", "flatten"):
-        raise ValueError(f"head must be 'gap' or 'flatten', got {head!r}")
-    conv = nn.Conv1d if dims == 1 else nn.Conv2d
-    layers: OrderedDict[str, nn.Module] = OrderedDict()
-    prev = in_channels
-    for i, c in enumerate(channels, 1):
-        layers[f"conv{i}"] = conv(prev, c, kernel_size, padding=kernel_size // 2, padding_mode="circular",
-                                  bias=False)
-        layers[f"relu{i}"] = nn.ReLU()
-        prev = c
-    if head == "gap":
-        layers["gap"] = nn.AdaptiveAvgPool1d(1) if dims == 1 else nn.AdaptiveAvgPool2d(1)
-    elif spatial is None:
-        raise ValueError("head='flatten' needs spatial, the input's length (dims=1) or (H, W) (dims=2)")
-    else:
-        size = (spatial,) * dims if isinstance(spatial, int) else tuple(spatial)
-        if len(size) != dims:
-            raise ValueError(f"spatial must have {dims} entries for dims={dims}, got {spatial!r}")
-        prev *= math.prod(size)
-    layers["flatten"] = nn.Flatten()
-    for j, w in enumerate(fc_widths, 1):
-        layers[f"fc{j}"] = nn.Linear(prev, w, bias=False)
-        layers[f"fc_relu{j}"] = nn.ReLU()
-        prev = w
-    layers["out"] = nn.Linear(prev, num_outputs, bias=False)
-    return nn.Sequential(layers)
-
-
-def _relu_stack(widths: Sequence[int], last_linear: bool = False) -> nn.Sequential:
-    mods: list[nn.Module] = []
-    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        mods.append(nn.Linear(a, b, bias=False))
-        if not (last_linear and k == len(widths) - 2):
-            mods.append(nn.ReLU())
-    return nn.Sequential(*mods)
-
-
-class FCResNet(nn.Module):
-    """The residual network of Theorem 3.3 of :cite:`lakshminarayanan2022explicitising` (Appendix G).
-
-    ``b + 2`` fully connected blocks of ``d_blk`` bias-free layers of width ``w``: the block
-    ``first`` (``d_in -> w``, ReLUs), ``b`` residual blocks (``h <- h + block(h)``, each
-    ``d_blk`` Linear-ReLU layers) and the block ``last`` (``d_blk - 1`` Linear-ReLU layers, then a
-    linear output layer). A path either enters a residual block or takes its skip connection, so the
-    network holds ``2^b`` fully connected sub-networks; the one through the blocks ``J`` has
-    ``(|J| + 2) d_blk`` layers.
-    """
-
-    def __init__(self, d_in: int, width: int, d_blk: int, b: int, num_outputs: int = 1) -> None:
-        super().__init__()
-        for name, value, low in (("d_in", d_in, 1), ("width", width, 1), ("d_blk", d_blk, 1), ("b", b, 0),
-                                 ("num_outputs", num_outputs, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-        self.d_in, self.width, self.d_blk, self.b, self.num_outputs = d_in, width, d_blk, b, num_outputs
-        self.first = _relu_stack([d_in] + [width] * d_blk)
-        self.blocks = nn.ModuleList(_relu_stack([width] * (d_blk + 1)) for _ in range(b))
-        self.last = _relu_stack([width] * d_blk + [num_outputs], last_linear=True)
-
-    def forward(self, x: Tensor, skip: Sequence[int] = ()) -> Tensor:
-        """The output; ``skip`` lists residual blocks (0-based) to delete, leaving their skip connection only."""
-        h = self.first(x.flatten(1))
-        for j, block in enumerate(self.blocks):
-            if j not in skip:
-                h = h + block(h)
-        return self.last(h)
-
-    def subnetwork(self, subset: Sequence[int]) -> list[nn.Linear]:
-        """The Linear layers of the sub-network through the residual blocks ``subset`` (0-based), in order."""
-        bad = [j for j in subset if not 0 <= j < self.b]
-        if bad:
-            raise ValueError(f"blocks {bad} do not exist: this ResNet has residual blocks 0..{self.b - 1}")
-        parts = [self.first, *(self.blocks[j] for j in sorted(set(subset))), self.last]
-        return [m for part in parts for m in part if isinstance(m, nn.Linear)]
-
-
-def fc_resnet(d_in: int, width: int, d_blk: int, b: int, num_outputs: int = 1) -> FCResNet:
-    """A :class:`FCResNet`: ``b`` residual blocks between a first and a last block, each ``d_blk`` layers deep."""
-    return FCResNet(d_in, width, d_blk, b, num_outputs)

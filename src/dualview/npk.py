@@ -79,7 +79,7 @@ def check_memory_budget(need: int, budget: int, what: str, hint: str) -> None:
 
 
 def _fc_value_layers(model: nn.Module) -> list[nn.Linear]:
-    """The Linear layers of a fully connected ReLU network, or :class:`UnsupportedLayerError`."""
+    """The Linear layers of a fully connected ReLU network, or :class:`~dualview.gates.UnsupportedLayerError`."""
     check_supported(model)
     try:
         return fc_layers(model)

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview.gates import UnsupportedLayerError, record_gates
-from dualview.models import FCResNet
+from dualview.nets import FCResNet
 from dualview.npk import neural_path_features_from_gates_reference, npk_from_gates
 from dualview.paths import neural_path_values
 
@@ -35,7 +35,7 @@ def _check_resnet(model: nn.Module) -> None:
 
     if not isinstance(model, FCResNet):
         raise UnsupportedLayerError(
-            f"the ensemble-sum NPK (Theorem 3.3) is implemented for dualview.models.FCResNet (fully connected "
+            f"the ensemble-sum NPK (Theorem 3.3) is implemented for dualview.nets.FCResNet (fully connected "
             f"residual blocks), got {type(model).__name__}"
         )
     biased = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.bias is not None]
@@ -44,7 +44,7 @@ def _check_resnet(model: nn.Module) -> None:
 
 
 def resnet_gates(model: nn.Module, x: Tensor, dtype: torch.dtype = torch.float64) -> list[list[Tensor]]:
-    """The gates of a :class:`dualview.models.FCResNet`, block by block: ``[first, block_1, ..., block_b,
+    """The gates of a :class:`dualview.nets.FCResNet`, block by block: ``[first, block_1, ..., block_b,
     last]``, each a list of ``(N, w)`` 0/1 tensors (one per ReLU)."""
     _check_resnet(model)
     with torch.no_grad():
@@ -66,7 +66,7 @@ def _block_kernels(blocks1, blocks2, n1: int, n2: int, dtype, device) -> list[Te
 
 def npk_resnet(model: nn.Module, x1: Tensor, x2: Tensor | None = None, *, dtype: torch.dtype = torch.float64
                ) -> Tensor:
-    """The NPK of a fully connected ResNet (:class:`dualview.models.FCResNet`): ``(N1, N2)``.
+    """The NPK of a fully connected ResNet (:class:`dualview.nets.FCResNet`): ``(N1, N2)``.
 
     Theorem 3.3 of :cite:`lakshminarayanan2022explicitising`: the sum over the ``2^b`` sub-networks,
     ``NPK = sum_J NPK_J``. For fully connected blocks the sum factorises,
@@ -99,7 +99,7 @@ def npk_resnet_subnetwork(model: nn.Module, x1: Tensor, x2: Tensor | None = None
 
 
 def resnet_path_features_reference(model: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
-    """The NPF and NPV of a :class:`dualview.models.FCResNet` by explicit enumeration: the concatenation,
+    """The NPF and NPV of a :class:`dualview.nets.FCResNet` by explicit enumeration: the concatenation,
     over the ``2^b`` sub-networks ``J``, of their path features (with the ResNet's gates) and values
     (Appendix G of :cite:`lakshminarayanan2022explicitising`). Returns ``(phi (N, P), v (P, C))`` with
     ``model(x) = phi @ v``. Tiny networks only.

@@ -314,7 +314,7 @@ def conv_path_count(positions: int, kernel_taps: int, channels: list[int], fc_wi
 
 
 def resnet_path_count(d_in: int, width: int, d_blk: int, b: int, num_outputs: int = 1) -> int:
-    """Number of paths of the fully connected ResNet of Theorem 3.3 (:class:`dualview.models.FCResNet`).
+    """Number of paths of the fully connected ResNet of Theorem 3.3 (:class:`dualview.nets.FCResNet`).
 
     Proposition G.1 of :cite:`lakshminarayanan2022explicitising`: the sub-network through ``i`` of the
     ``b`` residual blocks has ``(i + 2) d_blk - 1`` hidden layers of width ``w``, so
@@ -398,11 +398,12 @@ def _unit_network(model: nn.Module) -> nn.Module:
             m, (nn.ReLU, nn.Flatten, nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList, nn.ModuleDict)
             + _POOL_GATE_LAYERS
         ):
-            rule = _UNIT_RULES.get(type(m))
+            rule = _UNIT_RULES.get(type(m)) or getattr(type(m), "unit_weights", None)
             if rule is None:
                 raise TypeError(
                     f"count_paths does not know how paths cross layer '{name}' ({type(m).__name__}); "
-                    "register its unit-weight version with dualview.paths.register_unit_rule"
+                    "give its class a unit_weights() method, or register its unit-weight version with "
+                    "dualview.paths.register_unit_rule"
                 )
             parent, _, child = name.rpartition(".")
             setattr(unit.get_submodule(parent) if parent else unit, child, rule(m))
@@ -413,7 +414,8 @@ _UNIT_RULES: dict[type, object] = {}
 
 
 def register_unit_rule(cls: type[nn.Module], rule) -> None:
-    """Tell :func:`count_paths` how paths cross a custom linear layer.
+    """Tell :func:`count_paths` how paths cross a custom linear layer (for a class you cannot edit;
+    a class of your own can define a ``unit_weights()`` method instead).
 
     ``rule(module)`` returns the module's unit-weight version: the layer with every edge weight
     set to 1 and no offsets (e.g. a per-channel normalisation becomes ``nn.Identity()``; a fixed

@@ -1,11 +1,9 @@
-"""Pretrained ReLU networks: weights from the data directory, checked by SHA-256, in our own modules.
+"""Pretrained ReLU networks: weights from the data directory, checked by SHA-256, loaded into the
+architectures of :mod:`dualview.nets`.
 
-Every architecture here is a plain ``nn.Module`` in which each ReLU is its own ``nn.ReLU()`` instance,
-used exactly once in ``forward`` (no ``F.relu``, no shared or in-place ReLU), so that
-:mod:`dualview.gates` can record every gate. :func:`load_pretrained` returns
-``nn.Sequential(preprocess=..., net=...)`` in eval mode, taking images in ``[0, 1]``; the
-preprocessing layers (:class:`Normalize`, :class:`Resize`, :class:`ShortcutA`) are affine and
-declared as linear layers to the gate recorder.
+:func:`load_pretrained` returns ``nn.Sequential(preprocess=..., net=...)`` in eval mode, taking images
+in ``[0, 1]``; the preprocessing layers (:class:`~dualview.nets.Normalize`,
+:class:`~dualview.nets.Resize`) are affine and declare themselves linear layers to the gate recorder.
 
 Weights files live in ``data_dir() / "weights"`` (see :mod:`dualview.data`); the CIFAR ResNets are
 downloaded from their public URL when missing and a network is there. :data:`PRETRAINED` lists them.
@@ -17,217 +15,21 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from dualview.data import DataNotFoundError, data_dir
+from dualview.nets import Normalize, Resize, advertorch_lenet5, cifar_resnet, lenet5, mnist_cnn
 
 __all__ = [
-    "Normalize",
-    "Resize",
-    "ShortcutA",
-    "BasicBlock",
-    "CifarResNet",
-    "mnist_cnn",
-    "lenet5",
-    "advertorch_lenet5",
-    "cifar_resnet",
     "Pretrained",
     "PRETRAINED",
     "ChecksumError",
     "load_pretrained",
 ]
-
-# --------------------------------------------------------------------------------------------------
-# Affine helper layers
-
-
-class Normalize(nn.Module):
-    """Per-channel affine map ``(x - mean) / std`` on ``(N, C, H, W)`` inputs."""
-
-    pointwise = True  # each output pixel reads only the same input pixel (receptive fields, projections.insens)
-
-    def __init__(self, mean: float | Sequence[float], std: float | Sequence[float]) -> None:
-        super().__init__()
-        mean_t = torch.as_tensor(mean, dtype=torch.float32).reshape(1, -1, 1, 1)
-        std_t = torch.as_tensor(std, dtype=torch.float32).reshape(1, -1, 1, 1)
-        if mean_t.numel() != std_t.numel() or not bool((std_t > 0).all()):
-            raise ValueError(f"mean and std need the same length and std > 0, got {mean!r}, {std!r}")
-        self.register_buffer("mean", mean_t, persistent=False)
-        self.register_buffer("std", std_t, persistent=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return (x - self.mean) / self.std
-
-    def extra_repr(self) -> str:
-        return f"mean={self.mean.flatten().tolist()}, std={self.std.flatten().tolist()}"
-
-
-class Resize(nn.Module):
-    """Bilinear resize (``align_corners=False``), e.g. 28x28 MNIST to the 32x32 input of LeNet-5."""
-
-    def __init__(self, size: int | tuple[int, int]) -> None:
-        super().__init__()
-        self.size = (size, size) if isinstance(size, int) else tuple(size)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.interpolate(x, size=self.size, mode="bilinear", align_corners=False)
-
-    def extra_repr(self) -> str:
-        return f"size={self.size}"
-
-
-class ShortcutA(nn.Module):
-    """The "option A" CIFAR ResNet shortcut: subsample ``x[:, :, ::2, ::2]``, zero-pad channels.
-
-    ``planes // 4`` zero channels go on each side, so 16 -> 32 and 32 -> 64 channels (He et al. 2016).
-    """
-
-    def __init__(self, planes: int) -> None:
-        super().__init__()
-        self.pad = planes // 4
-
-    def forward(self, x: Tensor) -> Tensor:
-        return F.pad(x[:, :, ::2, ::2], (0, 0, 0, 0, self.pad, self.pad))
-
-    def extra_repr(self) -> str:
-        return f"pad={self.pad}"
-
-
-from dualview.gates import register_linear_layer  # noqa: E402  (after the classes it registers)
-
-register_linear_layer(Normalize, Resize, ShortcutA)
-
-
-class _ResizeConnectivity(nn.Module):
-    """Unit-weight version of :class:`Resize` for path counting: each output pixel sums, with weight 1,
-    the input pixels its bilinear interpolation reads (those with a non-zero interpolation weight)."""
-
-    def __init__(self, resize: Resize) -> None:
-        super().__init__()
-        self.size = resize.size
-
-    def forward(self, x: Tensor) -> Tensor:
-        n, c, h, w = x.shape
-        basis = torch.eye(h * w, dtype=x.dtype, device=x.device).view(h * w, 1, h, w)
-        reads = F.interpolate(basis, size=self.size, mode="bilinear", align_corners=False) != 0
-        conn = reads.flatten(1).to(x.dtype)  # (h*w inputs, H*W outputs)
-        return (x.reshape(n * c, h * w) @ conn).view(n, c, *self.size)
-
-
-from dualview.paths import register_unit_rule  # noqa: E402
-
-register_linear_layer(_ResizeConnectivity)
-register_unit_rule(Normalize, lambda m: nn.Identity())  # a per-pixel affine map: one edge per pixel
-register_unit_rule(ShortcutA, lambda m: m)  # a fixed selection of inputs: edges of weight 1 already
-register_unit_rule(Resize, _ResizeConnectivity)
-
-# --------------------------------------------------------------------------------------------------
-# Architectures (module names match the published state dicts)
-
-
-def mnist_cnn() -> nn.Sequential:
-    """conv 1->20 5x5, ReLU, maxpool 2, conv 20->50 5x5, ReLU, maxpool 2, fc 800->500, ReLU, fc 500->10.
-
-    The shape of the "2CONV" network of the switched-projections paper; 28x28 input.
-    """
-    return nn.Sequential(OrderedDict(
-        conv1=nn.Conv2d(1, 20, 5), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
-        conv2=nn.Conv2d(20, 50, 5), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
-        flatten=nn.Flatten(), fc1=nn.Linear(800, 500), relu3=nn.ReLU(), fc2=nn.Linear(500, 10),
-    ))
-
-
-def lenet5() -> nn.Sequential:
-    """LeNet-5 with ReLUs and max pools on a 32x32 input: c1 1->6, c3 6->16, c5 16->120 (5x5), f6, f7.
-
-    The original ends in a LogSoftmax; we return the logits (same argmax).
-    """
-    return nn.Sequential(OrderedDict(
-        convnet=nn.Sequential(OrderedDict(
-            c1=nn.Conv2d(1, 6, 5), relu1=nn.ReLU(), s2=nn.MaxPool2d(2),
-            c3=nn.Conv2d(6, 16, 5), relu3=nn.ReLU(), s4=nn.MaxPool2d(2),
-            c5=nn.Conv2d(16, 120, 5), relu5=nn.ReLU(),
-        )),
-        flatten=nn.Flatten(),
-        fc=nn.Sequential(OrderedDict(f6=nn.Linear(120, 84), relu6=nn.ReLU(), f7=nn.Linear(84, 10))),
-    ))
-
-
-def advertorch_lenet5() -> nn.Sequential:
-    """advertorch's MNIST LeNet5: conv 1->32 3x3 pad 1, ReLU, maxpool 2, conv 32->64, ReLU, maxpool 2,
-    linear 3136->200, ReLU, linear 200->10; 28x28 input in [0, 1]."""
-    return nn.Sequential(OrderedDict(
-        conv1=nn.Conv2d(1, 32, 3, padding=1), relu1=nn.ReLU(), maxpool1=nn.MaxPool2d(2),
-        conv2=nn.Conv2d(32, 64, 3, padding=1), relu2=nn.ReLU(), maxpool2=nn.MaxPool2d(2),
-        flatten=nn.Flatten(), linear1=nn.Linear(7 * 7 * 64, 200), relu3=nn.ReLU(), linear2=nn.Linear(200, 10),
-    ))
-
-
-class BasicBlock(nn.Module):
-    """conv3x3-BN-ReLU-conv3x3-BN, plus the shortcut, then ReLU (two separate ReLU modules)."""
-
-    def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(in_planes, planes, 3, stride=stride, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.relu1 = nn.ReLU()
-        self.conv2 = nn.Conv2d(planes, planes, 3, stride=1, padding=1, bias=False)
-        self.bn2 = nn.BatchNorm2d(planes)
-        changes_shape = stride != 1 or in_planes != planes
-        self.shortcut = ShortcutA(planes) if changes_shape else nn.Identity()
-        self.relu2 = nn.ReLU()
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.relu1(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu2(out + self.shortcut(x))
-
-
-class CifarResNet(nn.Module):
-    """The CIFAR ResNet of He et al. (2016), depth ``6n + 2``: three stages of ``n`` blocks with 16,
-    32 and 64 channels, option-A shortcuts, global average pooling and a ``linear`` head.
-
-    Parameter names match akamaster/pytorch_resnet_cifar10 (without its ``module.`` prefix).
-    """
-
-    def __init__(self, depth: int, num_classes: int = 10) -> None:
-        super().__init__()
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
-            raise ValueError(
-                f"depth must be 6n + 2 with n >= 1 (8, 14, 20, 32, 44, 56, 110, ...); got {depth!r}"
-            )
-        n = (depth - 2) // 6
-        self.conv1 = nn.Conv2d(3, 16, 3, padding=1, bias=False)
-        self.bn1 = nn.BatchNorm2d(16)
-        self.relu = nn.ReLU()
-        self.layer1 = self._stage(16, 16, n, stride=1)
-        self.layer2 = self._stage(16, 32, n, stride=2)
-        self.layer3 = self._stage(32, 64, n, stride=2)
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.flatten = nn.Flatten()
-        self.linear = nn.Linear(64, num_classes)
-
-    @staticmethod
-    def _stage(in_planes: int, planes: int, blocks: int, stride: int) -> nn.Sequential:
-        return nn.Sequential(
-            BasicBlock(in_planes, planes, stride), *(BasicBlock(planes, planes) for _ in range(blocks - 1))
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.layer3(self.layer2(self.layer1(out)))
-        return self.linear(self.flatten(self.pool(out)))
-
-
-def cifar_resnet(depth: int, num_classes: int = 10) -> CifarResNet:
-    """A CIFAR ResNet of depth ``6n + 2`` (20, 32, 44, 56, 110, ...); see :class:`CifarResNet`."""
-    return CifarResNet(depth, num_classes)
-
 
 # --------------------------------------------------------------------------------------------------
 # The registry

@@ -20,14 +20,11 @@ import torch
 from torch import nn
 
 import dualview
-from dualview import data, npk, ntk
+from dualview import data, nets, npk, ntk
 
 
 def fc(width: int, depth: int) -> nn.Sequential:
-    layers: list[nn.Module] = [nn.Flatten(), nn.Linear(784, width, bias=False), nn.ReLU()]
-    for _ in range(depth - 1):
-        layers += [nn.Linear(width, width, bias=False), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(width, 1, bias=False))
+    return nn.Sequential(nn.Flatten(), *nets.relu_mlp([784] + [width] * depth + [1], bias=False))
 
 
 def main() -> None:

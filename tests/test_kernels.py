@@ -8,19 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import npk, ntk
+from dualview import nets, npk, ntk
 from dualview.gates import UnsupportedLayerError
+from dualview.stats import relative_error
 
 
 def fc_net(widths, bias=True, dtype=torch.float64) -> nn.Sequential:
-    layers = []
-    for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        layers += [nn.Linear(a, b, bias=bias)] + ([nn.ReLU()] if k < len(widths) - 2 else [])
-    return nn.Sequential(*layers).to(dtype)
-
-
-def rel_err(a, b) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+    return nets.relu_mlp(widths, bias=bias).to(dtype)
 
 
 # --- the product form (Theorem 3.1) against the explicit NPF Gram matrix -----------------------------
@@ -49,8 +43,8 @@ def test_product_form_on_real_digits(digits_small):
     torch.manual_seed(0)
     for bias in (False, True):
         net = fc_net([64, 5, 4, 3, 10], bias=bias)
-        assert rel_err(npk.npk_fc(net, x), npk.npf_gram_reference(net, x)) < 1e-12
-        assert rel_err(npk.npk_fc(net, x, bias_paths=False),
+        assert relative_error(npk.npk_fc(net, x), npk.npf_gram_reference(net, x)) < 1e-12
+        assert relative_error(npk.npk_fc(net, x, bias_paths=False),
                        npk.npf_gram_reference(net, x, input_paths_only=True)) < 1e-12
 
 

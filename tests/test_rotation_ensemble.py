@@ -13,10 +13,7 @@ from torch import nn
 
 from dualview import data, nets, npk_conv, npk_resnet, paths
 from dualview.gates import UnsupportedLayerError
-
-
-def rel_err(a, b) -> float:
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+from dualview.stats import relative_error
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +36,7 @@ def test_rotation_sum_equals_bundle_gram_random_1d(seed, length, channels, fc, k
     b = npk_conv.bundle_features_reference(net, x)
     # the bundles reproduce the network (the dual identity), so they are the right reference
     torch.testing.assert_close(b.features @ b.values, net(x), rtol=1e-10, atol=1e-12)
-    assert rel_err(npk_conv.npk_conv(net, x, x2), npk_conv.npk_conv_reference(net, x, x2)) < 1e-12
+    assert relative_error(npk_conv.npk_conv(net, x, x2), npk_conv.npk_conv_reference(net, x, x2)) < 1e-12
     # Proposition F.2: d_in paths per bundle with pooling; singletons without it
     assert set(b.sizes.tolist()) == ({length} if head == "gap" else {1})
 
@@ -49,18 +46,18 @@ def test_rotation_sum_2d_and_dilation(head):
     torch.manual_seed(1)
     net = nets.circular_convnet(1, [2, 2], [2], 2, kernel_size=3, dims=2, head=head, spatial=(4, 3)).double()
     x = torch.randn(3, 1, 4, 3, dtype=torch.float64)
-    assert rel_err(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
+    assert relative_error(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
     dil = nn.Sequential(nn.Conv1d(1, 2, 3, padding=2, dilation=2, padding_mode="circular", bias=False), nn.ReLU(),
                         nn.AdaptiveAvgPool1d(1), nn.Flatten(), nn.Linear(2, 1, bias=False)).double()
     z = torch.randn(4, 1, 6, dtype=torch.float64)
-    assert rel_err(npk_conv.npk_conv(dil, z), npk_conv.npk_conv_reference(dil, z)) < 1e-12
+    assert relative_error(npk_conv.npk_conv(dil, z), npk_conv.npk_conv_reference(dil, z)) < 1e-12
 
 
 def test_rotation_sum_on_real_signals(mnist1d_small):
     torch.manual_seed(2)
     net = nets.circular_convnet(1, [2, 2], [2], 10, kernel_size=3).double()
     x = mnist1d_small[:3, :, :12]  # a window of real MNIST-1D signals keeps the enumeration small
-    assert rel_err(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
+    assert relative_error(npk_conv.npk_conv(net, x), npk_conv.npk_conv_reference(net, x)) < 1e-12
 
 
 def test_lemma_f1_both_forms_and_overlap_definition():
@@ -110,10 +107,10 @@ def test_kernel_and_output_invariant_with_pooling_not_without(mnist1d_small):
     flat = nets.circular_convnet(1, [8, 8], [8], 10, kernel_size=5, head="flatten", spatial=40).double()
     for r in (1, 7, 20):
         xr = npk_conv.rotate(x, r)
-        assert rel_err(gap(xr), gap(x)) < 1e-12
-        assert rel_err(npk_conv.npk_conv(gap, xr, x), npk_conv.npk_conv(gap, x)) < 1e-12
-        assert rel_err(flat(xr), flat(x)) > 1e-3
-        assert rel_err(npk_conv.npk_conv(flat, xr, x), npk_conv.npk_conv(flat, x)) > 1e-3
+        assert relative_error(gap(xr), gap(x)) < 1e-12
+        assert relative_error(npk_conv.npk_conv(gap, xr, x), npk_conv.npk_conv(gap, x)) < 1e-12
+        assert relative_error(flat(xr), flat(x)) > 1e-3
+        assert relative_error(npk_conv.npk_conv(flat, xr, x), npk_conv.npk_conv(flat, x)) > 1e-3
 
 
 def test_constant_input_and_permuted_gates_keep_invariance(mnist1d_small):
@@ -128,9 +125,9 @@ def test_constant_input_and_permuted_gates_keep_invariance(mnist1d_small):
         gr = npk_conv.conv_gates(gating, npk_conv.rotate(x, r), s)
         permr = [gr[2], gr[0], gr[1]]
         base = npk_conv.npk_conv_from_gates(s, ones, g)
-        assert rel_err(npk_conv.npk_conv_from_gates(s, ones, g, ones, gr), base) < 1e-12
+        assert relative_error(npk_conv.npk_conv_from_gates(s, ones, g, ones, gr), base) < 1e-12
         pbase = npk_conv.npk_conv_from_gates(s, ones, perm)
-        assert rel_err(npk_conv.npk_conv_from_gates(s, ones, perm, ones, permr), pbase) < 1e-12
+        assert relative_error(npk_conv.npk_conv_from_gates(s, ones, perm, ones, permr), pbase) < 1e-12
 
 
 def test_chunked_conv_npk_equals_whole():
@@ -163,10 +160,10 @@ def test_ensemble_sum_equals_concatenated_features(seed, d_in, width, d_blk, b, 
     phi, v = npk_resnet.resnet_path_features_reference(net, x)
     torch.testing.assert_close(phi @ v, net(x), rtol=1e-10, atol=1e-12)
     ref = npk_resnet.npk_resnet_reference(net, x, x2)
-    assert rel_err(npk_resnet.npk_resnet(net, x, x2), ref) < 1e-12
+    assert relative_error(npk_resnet.npk_resnet(net, x, x2), ref) < 1e-12
     terms = sum(npk_resnet.npk_resnet_subnetwork(net, x, x2, subset=J)
                 for k in range(b + 1) for J in itertools.combinations(range(b), k))
-    assert rel_err(terms, ref) < 1e-12
+    assert relative_error(terms, ref) < 1e-12
     # Proposition G.1 against the enumerated paths and the unit-weight count
     count = paths.resnet_path_count(d_in, width, d_blk, b, outputs)
     assert count == phi.shape[1] * outputs == round(paths.count_paths(net, input_shape=(d_in,)).total[-1].item())
@@ -177,7 +174,7 @@ def test_ensemble_sum_on_real_digits(digits_small):
     x = x[:5].view(5, 8, 8)[:, 2:5, 2:4].flatten(1).double()  # 6 real pixels keep the enumeration small
     torch.manual_seed(7)
     net = nets.fc_resnet(6, 3, 1, 3).double()
-    assert rel_err(npk_resnet.npk_resnet(net, x), npk_resnet.npk_resnet_reference(net, x)) < 1e-12
+    assert relative_error(npk_resnet.npk_resnet(net, x), npk_resnet.npk_resnet_reference(net, x)) < 1e-12
 
 
 def test_deleting_blocks_and_path_counts():

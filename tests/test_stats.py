@@ -165,3 +165,13 @@ def test_intervals_contain_their_estimate(values):
 def test_bad_input_says_what_is_wrong(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_relative_error_by_hand():
+    b = torch.tensor([[2.0, -4.0], [1.0, 0.0]])
+    a = b + torch.tensor([[0.0, 0.5], [-1.0, 0.0]])
+    assert stats.relative_error(a, b) == 1.0 / 4.0  # largest difference 1, largest |reference| 4
+    assert stats.relative_error(b, b) == 0.0
+    assert stats.relative_error(torch.ones(3), torch.zeros(3)) > 1e300  # any difference to an all-zero reference
+    with pytest.raises(ValueError, match="one shape"):
+        stats.relative_error(torch.ones(2), torch.ones(3))

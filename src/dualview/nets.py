@@ -7,6 +7,7 @@ records every gate:
 * the networks of the pretrained weights (:mod:`dualview.zoo`): :func:`mnist_cnn` (20-50-500),
   :func:`lenet5`, :func:`advertorch_lenet5`, and the CIFAR ResNets (:class:`CifarResNet`,
   :class:`BasicBlock`, option-A shortcut :class:`ShortcutA`);
+* :func:`relu_mlp`, the fully connected ReLU network;
 * the networks of the kernel theorems of :cite:`lakshminarayanan2022explicitising`:
   :func:`circular_convnet` (Theorem 3.2) and :class:`FCResNet` (Theorem 3.3);
 * affine helper layers (:class:`Normalize`, :class:`Resize`).
@@ -36,6 +37,7 @@ __all__ = [
     "BasicBlock",
     "CifarResNet",
     "cifar_resnet",
+    "relu_mlp",
     "circular_convnet",
     "FCResNet",
     "fc_resnet",
@@ -286,13 +288,18 @@ def circular_convnet(in_channels: int, channels: Sequence[int], fc_widths: Seque
     return nn.Sequential(layers)
 
 
-def _relu_stack(widths: Sequence[int], last_linear: bool = False) -> nn.Sequential:
-    mods: list[nn.Module] = []
+def relu_mlp(widths: Sequence[int], bias: bool = True, output_relu: bool = False) -> nn.Sequential:
+    """A fully connected ReLU network ``Sequential(Linear, ReLU, ..., Linear)`` with layer sizes
+    ``widths = [d_in, w_1, ..., d_out]``, one ``nn.ReLU`` instance per hidden layer (a ReLU after the
+    last layer too with ``output_relu``). Float32; call ``.double()`` for exact checks."""
+    if len(widths) < 2 or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+        raise ValueError(f"widths must list at least two positive ints [d_in, ..., d_out], got {list(widths)}")
+    layers: list[nn.Module] = []
     for k, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
-        mods.append(nn.Linear(a, b, bias=False))
-        if not (last_linear and k == len(widths) - 2):
-            mods.append(nn.ReLU())
-    return nn.Sequential(*mods)
+        layers.append(nn.Linear(a, b, bias=bias))
+        if output_relu or k < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
 
 
 class FCResNet(nn.Module):
@@ -313,9 +320,9 @@ class FCResNet(nn.Module):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
         self.d_in, self.width, self.d_blk, self.b, self.num_outputs = d_in, width, d_blk, b, num_outputs
-        self.first = _relu_stack([d_in] + [width] * d_blk)
-        self.blocks = nn.ModuleList(_relu_stack([width] * (d_blk + 1)) for _ in range(b))
-        self.last = _relu_stack([width] * d_blk + [num_outputs], last_linear=True)
+        self.first = relu_mlp([d_in] + [width] * d_blk, bias=False, output_relu=True)
+        self.blocks = nn.ModuleList(relu_mlp([width] * (d_blk + 1), bias=False, output_relu=True) for _ in range(b))
+        self.last = relu_mlp([width] * d_blk + [num_outputs], bias=False)
 
     def forward(self, x: Tensor, skip: Sequence[int] = ()) -> Tensor:
         """The output; ``skip`` lists residual blocks (0-based) to delete, leaving their skip connection only."""

@@ -13,6 +13,9 @@ supports:
   interval of their difference, with a verdict: ``"above"``, ``"below"`` or ``"within noise"``.
 
 Results are small dataclasses (:class:`Interval`, :class:`Comparison`) that print as the book shows them.
+
+Identities are checked, not compared: :func:`relative_error` is the one error measure every identity check of
+the book (chapters and tests) reports.
 """
 from __future__ import annotations
 
@@ -33,7 +36,19 @@ __all__ = [
     "proportion_interval",
     "bootstrap_interval",
     "paired_comparison",
+    "relative_error",
 ]
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b| / max |b|``: how far ``a`` is from the reference ``b``, relative to the reference's
+    largest entry (``b`` all zero: the absolute error ``max |a|`` divided by the smallest positive float,
+    so any difference shows as huge). ``a`` and ``b`` must have the same shape."""
+    if a.shape != b.shape:
+        raise ValueError(f"relative_error compares tensors of one shape, got {tuple(a.shape)} and {tuple(b.shape)}")
+    a, b = a.detach().double(), b.detach().double()
+    scale = b.abs().max().clamp_min(torch.finfo(torch.float64).tiny) if b.numel() else 1.0
+    return float((a - b).abs().max() / scale) if a.numel() else 0.0
 
 
 @dataclass(frozen=True)

@@ -59,3 +59,12 @@ def test_the_parser_sees_a_cycle(tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__), "SRC", tmp_path)
     graph = imports()
     assert graph == {"gates": {"plot"}, "plot": {"gates"}}
+
+
+def test_no_module_imports_a_private_name_of_another():
+    private = []
+    for path in SRC.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dualview"):
+                private += [(path.stem, node.module, a.name) for a in node.names if a.name.startswith("_")]
+    assert not private, f"private names imported across modules (make them public or move them): {private}"

@@ -25,7 +25,7 @@ Anything else raises :class:`UnsupportedLayerError` naming the layer: an unknown
 activation other than ReLU (``nn.GELU``, ``nn.Tanh``, ...), BatchNorm or Dropout in training mode,
 and a *functional* non-linearity called inside a ``forward`` (``F.relu``, ``torch.relu``,
 ``x.relu()``, ``F.max_pool2d``, ``torch.tanh``, ``x.clamp(...)``, ...), which a module hook
-cannot see. The functional check intercepts a fixed list of functions (:data:`_GUARDED`); a
+cannot see. The functional check intercepts a fixed list of functions (:data:`GUARDED_FUNCTIONS`); a
 non-linearity computed some other way (say ``x * (x > 0)``) cannot be detected.
 """
 from __future__ import annotations
@@ -49,6 +49,10 @@ __all__ = [
     "record_gates",
     "run_with_gates",
     "active_share",
+    "instrument",
+    "GATE_LAYERS",
+    "POOL_GATE_LAYERS",
+    "GUARDED_FUNCTIONS",
 ]
 
 
@@ -56,8 +60,10 @@ class UnsupportedLayerError(TypeError):
     """A model contains a layer (or a functional call) whose gates dualview cannot see."""
 
 
-_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.ReLU,)
-_POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
+#: The modules whose calls are gates: each unit passes or blocks its pre-activation.
+GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.ReLU,)
+#: The max-pools: each window passes its winner, a gate over the window (the winners are recorded).
+POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
 _LINEAR_LAYERS: list[type[nn.Module]] = [
     nn.Linear,
     nn.Conv1d,
@@ -91,7 +97,7 @@ def register_linear_layer(*classes: type[nn.Module]) -> None:
 def SUPPORTED_LAYERS() -> tuple[type[nn.Module], ...]:  # noqa: N802 - reads like a constant
     """All layer classes dualview accepts (gates, max-pools and registered linear layers); classes that
     declare ``linear_layer = True`` are accepted too."""
-    return _GATE_LAYERS + _POOL_GATE_LAYERS + tuple(_LINEAR_LAYERS)
+    return GATE_LAYERS + POOL_GATE_LAYERS + tuple(_LINEAR_LAYERS)
 
 
 def _supported_names() -> str:
@@ -134,9 +140,10 @@ def check_supported(model: nn.Module) -> None:
             )
 
 
-# Functional non-linearities a forward() might call directly. Calls made by the supported module
-# that owns them (nn.ReLU calls F.relu, nn.MaxPool2d calls F.max_pool2d) are allowed.
-_GUARDED: frozenset[Callable] = frozenset(
+#: Functional non-linearities that :func:`instrument` refuses when a model's ``forward`` calls them
+#: directly (a hook cannot see them). Calls made by the supported module that owns them (``nn.ReLU``
+#: calls ``F.relu``, ``nn.MaxPool2d`` calls ``F.max_pool2d``) are allowed.
+GUARDED_FUNCTIONS: frozenset[Callable] = frozenset(
     {
         F.relu, F.relu_, torch.relu, torch.relu_, Tensor.relu, Tensor.relu_,
         F.relu6, F.gelu, F.silu, F.elu, F.selu, F.leaky_relu, F.softplus, F.hardtanh, F.mish,
@@ -158,9 +165,9 @@ class _Guard(TorchFunctionMode):
         self.internal = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in _GUARDED and not self.internal:
+        if func in GUARDED_FUNCTIONS and not self.internal:
             owner = self.stack[-1] if self.stack else ("<model>", None)
-            if not isinstance(owner[1], _GATE_LAYERS + _POOL_GATE_LAYERS):
+            if not isinstance(owner[1], GATE_LAYERS + POOL_GATE_LAYERS):
                 where = f"'{owner[0]}' ({type(owner[1]).__name__})" if owner[1] is not None else "the model"
                 raise UnsupportedLayerError(
                     f"the forward of {where} calls {getattr(func, '__name__', func)} as a function; "
@@ -217,15 +224,22 @@ def _gather_pool(x: Tensor, indices: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def _instrumented(
+def instrument(
     model: nn.Module,
     on_gate: Callable[[str, nn.Module, Tensor], Tensor | None],
     on_pool: Callable[[str, nn.Module, Tensor, Tensor], Tensor | None],
 ) -> Iterator[None]:
-    """Hooks every module of ``model`` for one forward pass; removes every hook on exit.
+    """The one instrumentation primitive: a context manager that hooks every module of ``model`` for
+    the forward passes run inside it, and removes every hook on exit (also after a ``BaseException``
+    such as ``KeyboardInterrupt``).
 
-    ``on_gate(name, module, q)`` is called at each ReLU call with its pre-activation and may return
-    a replacement output; ``on_pool(name, module, x, out)`` likewise at each max-pool call.
+    It checks the model (:func:`check_supported`), names each ReLU / max-pool *call* (``name``,
+    ``name#1``, ... for a module called more than once), hands an in-place ReLU's input over before
+    it is overwritten, and guards against functional non-linearities inside ``forward``
+    (:data:`GUARDED_FUNCTIONS`). What happens at a gate is plugged in: ``on_gate(name, module, q)`` is
+    called at each ReLU call with its pre-activation and may return a replacement output;
+    ``on_pool(name, module, x, out)`` likewise at each max-pool call. :func:`record_gates` and
+    :func:`run_with_gates` are built on it, and so is path counting in :mod:`dualview.paths`.
     """
     check_supported(model)
     guard = _Guard()
@@ -243,15 +257,15 @@ def _instrumented(
 
         def pre(mod, args, label=label):
             guard.stack.append((label, mod))
-            if isinstance(mod, _GATE_LAYERS) and getattr(mod, "inplace", False):
+            if isinstance(mod, GATE_LAYERS) and getattr(mod, "inplace", False):
                 captured[id(mod)] = args[0].clone()  # in-place ReLU overwrites its input
 
         def post(mod, args, out, label=label):
             guard.stack.pop()
-            if isinstance(mod, _GATE_LAYERS) or isinstance(mod, _POOL_GATE_LAYERS):
+            if isinstance(mod, GATE_LAYERS) or isinstance(mod, POOL_GATE_LAYERS):
                 guard.internal += 1
                 try:
-                    if isinstance(mod, _GATE_LAYERS):
+                    if isinstance(mod, GATE_LAYERS):
                         q = captured.pop(id(mod), args[0])
                         new = on_gate(site(label), mod, q)
                     else:
@@ -289,7 +303,7 @@ def record_gates(model: nn.Module, x: Tensor) -> GateRecord:
         pools[name] = _pool_with_indices(module, inp)[1]
         return None
 
-    with _instrumented(model, on_gate, on_pool):
+    with instrument(model, on_gate, on_pool):
         out = model(x)
     return GateRecord(output=out, preactivations=pre, pool_indices=pools)
 
@@ -299,6 +313,7 @@ def run_with_gates(
     x: Tensor,
     gates: Mapping[str, Tensor],
     pool_indices: Mapping[str, Tensor] | None = None,
+    preactivations: dict[str, Tensor] | None = None,
 ) -> Tensor:
     """Run ``model`` on ``x`` with every ReLU replaced by a GaLU fed the given ``gates``.
 
@@ -307,7 +322,8 @@ def run_with_gates(
     against ``q``. If ``pool_indices`` is given, every max-pool takes the given winners instead of
     its own maxima (otherwise it pools ``x``'s own values). With the model's own gates and
     winners the output equals ``model(x)``; with those of another input it is that input's active
-    sub-network applied to ``x`` (Section 2.2 of :cite:`satkiewicz2025tapping`).
+    sub-network applied to ``x`` (Section 2.2 of :cite:`satkiewicz2025tapping`). A dict passed as
+    ``preactivations`` receives the pre-activation ``q`` of every ReLU call, by name.
     """
     _check_input(x)
     missing: list[str] = []
@@ -315,6 +331,8 @@ def run_with_gates(
 
     def on_gate(name, module, q):
         seen.add(name)
+        if preactivations is not None:
+            preactivations[name] = q
         if name not in gates:
             missing.append(name)
             return None
@@ -344,7 +362,7 @@ def run_with_gates(
             )
         return _gather_pool(inp, idx)
 
-    with _instrumented(model, on_gate, on_pool):
+    with instrument(model, on_gate, on_pool):
         out = model(x)
     if missing:
         raise KeyError(

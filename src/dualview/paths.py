@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dualview.gates import _POOL_GATE_LAYERS, _instrumented, record_gates
+from dualview.gates import POOL_GATE_LAYERS, instrument, record_gates
 
 __all__ = [
     "fc_layers",
@@ -396,7 +396,7 @@ def _unit_network(model: nn.Module) -> nn.Module:
             m.register_forward_hook(hook)
         elif (not list(m.children())) and not isinstance(
             m, (nn.ReLU, nn.Flatten, nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList, nn.ModuleDict)
-            + _POOL_GATE_LAYERS
+            + POOL_GATE_LAYERS
         ):
             rule = _UNIT_RULES.get(type(m)) or getattr(type(m), "unit_weights", None)
             if rule is None:
@@ -464,7 +464,7 @@ def count_paths(model: nn.Module, x: Tensor | None = None, input_shape: tuple[in
                           ceil_mode=module.ceil_mode, count_include_pad=True) * area
             return inp.flatten(2).gather(2, pools[name].flatten(2)).view(out.shape)
 
-        with torch.no_grad(), _instrumented(unit, on_gate, on_pool):
+        with torch.no_grad(), instrument(unit, on_gate, on_pool):
             out = unit(ones.expand(n, *shape))
         sums["output"] = out.flatten(1).sum(1)
         return sums

@@ -42,7 +42,6 @@ ReLUs whose input is not reused (the usual ``out = self.relu(out)``) are fine.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -176,24 +175,7 @@ def frozen_preactivations(
     equals ``record_gates(model, x).preactivations``. Names follow :func:`dualview.gates.record_gates`.
     """
     captured: dict[str, Tensor] = {}
-    calls: Counter[str] = Counter()
-    handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ReLU):
-            label = name or "<model>"
-
-            def pre(mod, args, label=label):
-                k = calls[label]
-                calls[label] += 1
-                q = args[0]
-                captured[label if k == 0 else f"{label}#{k}"] = q.clone() if mod.inplace else q
-
-            handles.append(module.register_forward_pre_hook(pre))
-    try:
-        run_with_gates(model, z, gates, pool_indices)
-    finally:
-        for h in handles:
-            h.remove()
+    run_with_gates(model, z, gates, pool_indices, preactivations=captured)
     return captured
 
 

@@ -42,7 +42,7 @@ from torch.nn.modules.utils import _pair
 from torch.overrides import TorchFunctionMode
 
 from dualview.gates import (
-    _GUARDED,
+    GUARDED_FUNCTIONS,
     UnsupportedLayerError,
     check_supported,
     record_gates,
@@ -291,7 +291,7 @@ class _ForwardMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.depth_in_gate or func not in _GUARDED:
+        if self.depth_in_gate or func not in GUARDED_FUNCTIONS:
             return func(*args, **kwargs)
         if func in _RELU_FUNCS or func in _RELU_INPLACE_FUNCS:
             x = args[0]

@@ -142,7 +142,8 @@ class _ResizeConnectivity(nn.Module):
 def mnist_cnn() -> nn.Sequential:
     """conv 1->20 5x5, ReLU, maxpool 2, conv 20->50 5x5, ReLU, maxpool 2, fc 800->500, ReLU, fc 500->10.
 
-    The shape of the "2CONV" network of the switched-projections paper; 28x28 input.
+    The layer pattern of the "2CONV" network of the switched-projections paper, but smaller (the 2CONV
+    has 32 and 64 filters and 512 hidden units); 28x28 input.
     """
     return nn.Sequential(OrderedDict(
         conv1=nn.Conv2d(1, 20, 5), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),

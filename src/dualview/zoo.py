@@ -92,7 +92,7 @@ PRETRAINED: dict[str, Pretrained] = {p.name: p for p in [
         "mnist-cnn-20-50-500", "mnist-cnn-20-50-500.pt",
         "2af1dfcb084e92bd836094fc0874cd6b8699cc69b889e7c724a41500bd612848",
         build=mnist_cnn, preprocess=_mnist_normalize, accuracy=0.9905, licence="MIT",
-        description="conv-conv-fc-fc MNIST network (the '2CONV' shape) from khushbujpatel/lenet_mnist",
+        description="conv-conv-fc-fc MNIST network (the '2CONV' layer pattern, fewer units) from khushbujpatel/lenet_mnist",
     ),
     _mnist(
         "mnist-lenet5", "mnist-lenet5.pt", "d5d98d05c84b8cf305ebf37ca682a9852c41831230a3667e0e39cfeb7c88f4e2",

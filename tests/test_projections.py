@@ -8,16 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from dualview import nets
 from dualview import projections as P
 from dualview.gates import UnsupportedLayerError, record_gates, register_linear_layer
 
 
 def fc_net(widths=(6, 5, 4)) -> nn.Module:
-    layers: list[nn.Module] = [nn.Flatten()]
-    for a, b in zip(widths[:-2], widths[1:-1]):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    layers.append(nn.Linear(widths[-2], widths[-1]))
-    return nn.Sequential(*layers).double()
+    return nn.Sequential(nn.Flatten(), *nets.relu_mlp(list(widths))).double()
 
 
 def conv_net(pool: str = "max") -> nn.Module:

@@ -299,9 +299,7 @@ class _ConvPlan:
     sweep), and holds only the non-zero part of the Jacobian. The tail after ``Flatten`` (Linear,
     ReLU) mixes all pixels: its first layer's switched weights are the weighted sums of the flattened
     units' patches, added into the image position by position, and later layers multiply these dense
-    rows by their weights and gates. The generic sweep costs about one forward pass per input pixel;
-    this costs about one per patch coordinate of the widest layer (MNIST CNN: 196 against 784), and
-    only over the units whose field holds that coordinate.
+    rows by their weights and gates. (MNIST CNN: windows of at most 16 x 16 of the 28 x 28 pixels.)
     """
 
     spatial: list[tuple[str, nn.Module, tuple[int, ...]]]   # (name, module, output shape C x H x W)

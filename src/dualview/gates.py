@@ -385,17 +385,26 @@ def _check_input(x: Tensor) -> None:
         )
 
 
-def active_share(model: nn.Module, x: Tensor, batch_size: int = 500) -> dict[str, Tensor]:
-    """Per input, the share of active gates (ReLU units with q > 0) in each ReLU layer.
+def active_share(
+    model: nn.Module, x: Tensor, batch_size: int = 500, per_layer: bool = True
+) -> dict[str, Tensor] | Tensor:
+    """Per input, the share of active gates (ReLU units with ``q > 0``).
 
-    Processes ``x`` in chunks of ``batch_size`` without keeping pre-activations, so it runs on whole
-    test sets. Returns ``{layer name: (N,) tensor}``.
+    ``per_layer=True``: one share per ReLU call, ``{name: (N,) tensor}``; ``per_layer=False``: the
+    share over all hidden units of every ReLU call together, a ``(N,)`` tensor (the share of active
+    neurons of Table 3 of :cite:`szymanski2020switched`). Processes
+    ``x`` in chunks of ``batch_size`` without keeping pre-activations, so it runs on whole test sets.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     parts: dict[str, list[Tensor]] = {}
     with torch.no_grad():
         for chunk in x.split(batch_size):
-            for name, share in record_gates(model, chunk).active_share().items():
-                parts.setdefault(name, []).append(share.cpu())
-    return {k: torch.cat(v) for k, v in parts.items()}
+            for name, q in record_gates(model, chunk).preactivations.items():
+                parts.setdefault(name, []).append((q > 0).flatten(1).sum(1).cpu())
+    on = {k: torch.cat(v).double() for k, v in parts.items()}
+    with torch.no_grad():
+        sizes = record_gates(model, x[:1]).num_gates()
+    if per_layer:
+        return {k: on[k] / sizes[k] for k in on}
+    return sum(on.values()) / sum(sizes.values())

@@ -25,3 +25,16 @@ def test_relu_mlp_structure_and_output():
 def test_relu_mlp_rejects_bad_widths(widths):
     with pytest.raises(ValueError, match="widths must list"):
         nets.relu_mlp(widths)
+
+
+def test_two_conv_has_the_papers_hidden_neurons():
+    # Table 1 of the switched-projections paper: 38,144 hidden neurons on a 28 x 28 input
+    from dualview import gates
+
+    net = nets.two_conv().eval()
+    with torch.no_grad():
+        assert sum(gates.record_gates(net, torch.randn(2, 1, 28, 28)).num_gates().values()) == 38_144
+        assert net(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+        assert nets.two_conv(3, 32, 2)(torch.randn(1, 3, 32, 32)).shape == (1, 2)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        nets.two_conv(size=30)

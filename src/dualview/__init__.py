@@ -20,12 +20,13 @@ One module per concept, in the order of the book:
 * :mod:`dualview.stats`: seeds, confidence intervals and paired comparisons;
 * :mod:`dualview.plot`: figures.
 
-Plus :func:`seed_everything` and :func:`default_device` here.
+Plus :func:`seed_everything`, :func:`default_device` and :func:`setup` (the first code cell of every chapter) here.
 """
 from __future__ import annotations
 
 import os
 import random
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -51,3 +52,37 @@ def default_device() -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+class Setup(NamedTuple):
+    """What :func:`setup` returns: the sizes of the chosen profile and the device (unpacks as a pair)."""
+
+    sizes: dict[str, Any]
+    device: torch.device
+
+
+def setup(profile: str, seed: int, device: str | torch.device | None = None,
+          sizes: Mapping[str, Mapping[str, Any]] | None = None) -> Setup:
+    """The first code cell of every chapter: choose the profile's sizes, pick the device, seed, glue.
+
+    ``sizes`` maps each profile (``"cpu"``: laptop scale, what the book shows; ``"gpu"``: paper scale) to
+    that profile's sizes; ``device`` ``None`` picks :func:`default_device`. Seeds everything with
+    ``seed``, glues the profile's name as ``"profile"`` for the chapter's prose (when run by the book's
+    notebook engine) and prints one line saying what runs where. Use it as
+    ``SIZES, device = dualview.setup(PROFILE, SEED, DEVICE, sizes={"cpu": {...}, "gpu": {...}})``.
+    """
+    sizes = {"cpu": {}, "gpu": {}} if sizes is None else sizes
+    if profile not in sizes:
+        raise ValueError(f"unknown profile {profile!r}: this chapter has the profiles {sorted(sizes)}; "
+                         "set PROFILE in the parameters cell to one of them")
+    chosen = dict(sizes[profile])
+    dev = torch.device(device) if device is not None else default_device()
+    seed_everything(seed)
+    try:
+        from myst_nb import glue
+    except ImportError:  # outside the book's build the glued name is not needed
+        pass
+    else:
+        glue("profile", profile, display=False)
+    print(f"profile {profile!r} on {dev}: {chosen}" if chosen else f"profile {profile!r} on {dev}")
+    return Setup(chosen, dev)

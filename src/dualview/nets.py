@@ -7,7 +7,8 @@ records every gate:
 * the networks of the pretrained weights (:mod:`dualview.zoo`): :func:`mnist_cnn` (20-50-500),
   :func:`lenet5`, :func:`advertorch_lenet5`, and the CIFAR ResNets (:class:`CifarResNet`,
   :class:`BasicBlock`, option-A shortcut :class:`ShortcutA`);
-* :func:`relu_mlp`, the fully connected ReLU network;
+* :func:`relu_mlp`, the fully connected ReLU network; :func:`two_conv`, the 2CONV of the
+  switched-projections paper :cite:`szymanski2020switched`;
 * the networks of the kernel theorems of :cite:`lakshminarayanan2022explicitising`:
   :func:`circular_convnet` (Theorem 3.2) and :class:`FCResNet` (Theorem 3.3);
 * affine helper layers (:class:`Normalize`, :class:`Resize`).
@@ -34,6 +35,7 @@ __all__ = [
     "mnist_cnn",
     "lenet5",
     "advertorch_lenet5",
+    "two_conv",
     "BasicBlock",
     "CifarResNet",
     "cifar_resnet",
@@ -175,6 +177,20 @@ def advertorch_lenet5() -> nn.Sequential:
         conv1=nn.Conv2d(1, 32, 3, padding=1), relu1=nn.ReLU(), maxpool1=nn.MaxPool2d(2),
         conv2=nn.Conv2d(32, 64, 3, padding=1), relu2=nn.ReLU(), maxpool2=nn.MaxPool2d(2),
         flatten=nn.Flatten(), linear1=nn.Linear(7 * 7 * 64, 200), relu3=nn.ReLU(), linear2=nn.Linear(200, 10),
+    ))
+
+
+def two_conv(in_channels: int = 1, size: int = 28, num_classes: int = 10) -> nn.Sequential:
+    """The 2CONV network of Table 1 of :cite:`szymanski2020switched`: two "same"-padded 5x5 convolutions
+    with 32 and 64 filters, each followed by ReLU and 2x2 max-pooling, a fully connected layer of 512
+    units and the output layer; a ``size x size`` input (``size`` divisible by 4)."""
+    if size < 4 or size % 4:
+        raise ValueError(f"size must be a positive multiple of 4 (two 2x2 max-pools), got {size}")
+    return nn.Sequential(OrderedDict(
+        conv1=nn.Conv2d(in_channels, 32, 5, padding=2), relu1=nn.ReLU(), pool1=nn.MaxPool2d(2),
+        conv2=nn.Conv2d(32, 64, 5, padding=2), relu2=nn.ReLU(), pool2=nn.MaxPool2d(2),
+        flatten=nn.Flatten(), fc1=nn.Linear(64 * (size // 4) ** 2, 512), relu3=nn.ReLU(),
+        fc2=nn.Linear(512, num_classes),
     ))
 
 

@@ -300,3 +300,17 @@ def test_cifar10_labels_follow_the_class_folders(cifar):
         same = (cifar.x == pixels.float()[None] / 255).flatten(1).all(1)
         assert same.any(), f"{first} is not in the loaded set"
         assert set(cifar.y[same].tolist()) == {c}, f"{first} should have label {c} ({name})"
+
+
+# ------------------------------------------------------------------------------- IXOR (synthetic)
+
+
+def test_ixor_matches_its_definition_and_reference():
+    x, y = D.make_ixor(2000, seed=3)
+    assert x.shape == (2000, 3) and y.dtype == torch.int64
+    assert (x[:, :2].abs() <= 2).all() and (x[:, 2] >= 0).all() and (x[:, 2] <= 1).all()
+    assert torch.equal(y, D.ixor_labels_reference(x))
+    assert abs(y.double().mean() - 0.25) < 0.05  # P(x1 x2 > 0) P(x3 > 0.5) = 1/4
+    assert torch.equal(D.make_ixor(10, seed=3)[0], D.make_ixor(10, seed=3)[0])
+    with pytest.raises(ValueError, match="positive int"):
+        D.make_ixor(0)

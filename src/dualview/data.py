@@ -1,8 +1,9 @@
-"""Image data sets: the local data directory first, a download when a network is there, else a clear error.
+"""Data sets: the local data directory first, a download when a network is there, else a clear error.
 
-Every loader returns an :class:`ImageData`: float32 images in ``[0, 1]`` of shape ``(N, C, H, W)``,
+Every image loader returns an :class:`ImageData`: float32 images in ``[0, 1]`` of shape ``(N, C, H, W)``,
 int64 labels, the class names and a human-readable ``source`` that a chapter can print next to its
-figures ("CIFAR-10 test images, lossy JPEG re-encodings, from ...").
+figures ("CIFAR-10 test images, lossy JPEG re-encodings, from ..."). MNIST-1D and the synthetic IXOR
+come as plain ``(x, y)`` tensors.
 
 The data directory (:func:`data_dir`) is ``$DUALVIEW_DATA`` if set, else ``$XDG_CACHE_HOME/dualview``
 (default ``~/.cache/dualview``). Its layout::
@@ -19,7 +20,6 @@ set for another: if the requested split is missing it raises :class:`DataNotFoun
 from __future__ import annotations
 
 import functools
-
 import gzip
 import numbers
 import os
@@ -44,6 +44,8 @@ __all__ = [
     "load_cifar10",
     "load_digits",
     "load_mnist1d",
+    "make_ixor",
+    "ixor_labels_reference",
     "train_test_split",
     "subset_per_class",
 ]
@@ -319,7 +321,7 @@ def load_cifar10(
 
 
 # --------------------------------------------------------------------------------------------------
-# scikit-learn's digits
+# Small data sets: scikit-learn's digits, MNIST-1D (generated) and IXOR (synthetic)
 
 
 def load_digits() -> ImageData:
@@ -351,13 +353,32 @@ def load_mnist1d(split: str = "train", num_samples: int = 5000, seed: int = 42) 
     ``get_dataset_args``) with ``num_samples`` signals in all, 80 % in ``"train"``, 20 % in ``"test"``;
     the same ``seed`` gives the same signals.
     """
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    _check_choice("split", split, ("train", "test"))
     if not isinstance(num_samples, int) or num_samples < 10:
         raise ValueError(f"num_samples must be an int >= 10, got {num_samples!r}")
     d = _mnist1d(num_samples, seed)
     x, y = (d["x"], d["y"]) if split == "train" else (d["x_test"], d["y_test"])
     return torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64)
+
+
+def make_ixor(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """IXOR, the toy data of feature leveling (Section 2.1 of :cite:`featureleveling2020`): ``(x, y)``.
+
+    ``x1, x2 ~ U[-2, 2]``, ``x3 ~ U[0, 1]`` independently; ``y = 1`` iff ``x1 x2 > 0`` and
+    ``x3 > 0.5``, else 0 (int64). ``n`` samples, drawn with a generator of their own seeded by ``seed``.
+    """
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"n must be a positive int, got {n!r}")
+    u = torch.rand(int(n), 3, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float64)
+    x = torch.stack([4 * u[:, 0] - 2, 4 * u[:, 1] - 2, u[:, 2]], 1)
+    y = ((x[:, 0] * x[:, 1] > 0) & (x[:, 2] > 0.5)).long()
+    return x.to(dtype), y
+
+
+def ixor_labels_reference(x: Tensor) -> Tensor:
+    """IXOR labels of given points, one sample at a time (slow reference for :func:`make_ixor`)."""
+    labels = [1 if (x1 * x2 > 0 and x3 > 0.5) else 0 for x1, x2, x3 in x.double().tolist()]
+    return torch.tensor(labels, dtype=torch.int64)
 
 
 # --------------------------------------------------------------------------------------------------

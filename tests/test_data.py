@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from dualview import data as D
 from dualview.data import (
     CIFAR10_CLASSES, DataNotFoundError, ImageData, data_dir, load_cifar10, load_digits, load_mnist,
-    read_idx, subset_per_class, train_test_split,
+    read_idx,
 )
+from dualview.splits import subset_per_class, train_test_split
 
 ROOT = data_dir()  # resolved once, before any test changes the environment
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -221,6 +222,35 @@ def test_subset_per_class():
         subset_per_class(d, 4, seed=0)
     with pytest.raises(ValueError, match="positive int"):
         subset_per_class(d, 0, seed=0)
+
+
+# ---------------------------------------------------------------------------------------- Imagenette
+
+
+def test_imagenette_photos_as_imagenet_models_take_them():
+    folder = require("imagenette/val-sample")
+    d = D.load_imagenette()
+    assert d.x.shape == (100, 3, 224, 224) and torch.bincount(d.y).tolist() == [10] * 10
+    assert 0 <= d.x.min() and d.x.max() <= 1 and d.classes[6] == "garbage truck"
+    # the first garbage-truck photo by hand: Pillow, RGB, short side to 160, centre crop
+    from PIL import Image
+
+    with Image.open(sorted((folder / "n03417042").glob("*.JPEG"))[0]) as im:
+        im = im.convert("RGB")
+        w, h = im.size
+        im = im.resize((round(w * 160 / min(w, h)), round(h * 160 / min(w, h))), Image.BILINEAR)
+        left, top = (im.size[0] - 160) // 2, (im.size[1] - 160) // 2
+        by_hand = torch.tensor(list(im.crop((left, top, left + 160, top + 160)).getdata())).view(160, 160, 3)
+    small = D.load_imagenette(size=160)
+    assert (small.x[60] * 255 - by_hand.permute(2, 0, 1)).abs().max() <= 1  # rounding of the resampling
+    assert [D.IMAGENETTE_IMAGENET_INDEX[c] for c in (0, 4, 9)] == [0, 497, 701]  # tench, church, parachute
+
+
+def test_imagenette_missing_names_the_paths(tmp_path):
+    with pytest.raises(DataNotFoundError, match=r"(?s)Imagenette.*val-sample.*n01440764.*fastai/imagenette"):
+        D.load_imagenette(root=tmp_path)
+    with pytest.raises(ValueError, match="size must be a positive int"):
+        D.load_imagenette(size=0, root=tmp_path)
 
 
 # ---------------------------------------------------------------------------------------- errors

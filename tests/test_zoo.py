@@ -15,7 +15,8 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from dualview import zoo
-from dualview.data import DataNotFoundError, data_dir, load_cifar10, load_mnist, subset_per_class
+from dualview.data import DataNotFoundError, data_dir, load_cifar10, load_mnist
+from dualview.splits import subset_per_class
 from dualview.gates import check_supported
 from dualview.nets import Normalize, Resize, ShortcutA, cifar_resnet
 from dualview.zoo import PRETRAINED, ChecksumError, load_pretrained

@@ -11,6 +11,7 @@ The data directory (:func:`data_dir`) is ``$DUALVIEW_DATA`` if set, else ``$XDG_
     mnist/raw/t10k-images-idx3-ubyte.gz, mnist/raw/t10k-labels-idx1-ubyte.gz   (official IDX files)
     mnist/train-5k.npz                                                         (x uint8 (5000, 28, 28), y)
     cifar10/test/<class>/*.jpg                                                 (32x32 RGB JPEGs)
+    imagenette/val-sample/<wnid>/*.JPEG                                        (Imagenette2 photos)
     weights/*                                                                  (see dualview.zoo)
 
 Downloads (torchvision) go to the same directory, in torchvision's own layout (``MNIST/raw``,
@@ -44,9 +45,12 @@ __all__ = [
     "load_cifar10",
     "load_digits",
     "load_mnist1d",
+    "IMAGENETTE_CLASSES",
+    "IMAGENETTE_IMAGENET_INDEX",
+    "load_imagenette",
     "make_ixor",
     "ixor_labels_reference",
-    "train_test_split",
+    "train_test_split",  # moving to dualview.splits once the chapters are updated (issue 13)
     "subset_per_class",
 ]
 
@@ -318,6 +322,48 @@ def load_cifar10(
         hint = f"\ntorchvision failed: {err!r}"
         raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10", hint) from err
     return _image_data(x, y, CIFAR10_CLASSES, f"CIFAR-10 {split} set (lossless, torchvision) from {batches}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Imagenette: ten easy ImageNet classes
+
+IMAGENETTE_CLASSES: tuple[str, ...] = (
+    "tench", "English springer", "cassette player", "chain saw", "church", "French horn", "garbage truck",
+    "gas pump", "golf ball", "parachute",
+)
+_IMAGENETTE_WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028079", "n03394916",
+                     "n03417042", "n03425413", "n03445777", "n03888257")
+#: The index of each Imagenette class among the 1,000 ImageNet classes (torchvision's order).
+IMAGENETTE_IMAGENET_INDEX: tuple[int, ...] = (0, 217, 482, 491, 497, 566, 569, 571, 574, 701)
+
+
+def load_imagenette(size: int = 224, root: str | os.PathLike | None = None) -> ImageData:
+    """The Imagenette2 validation photos of the data directory, ``(N, 3, size, size)`` in ``[0, 1]``.
+
+    Reads ``imagenette/val-sample/<wnid>/*.JPEG`` (the offline data holds 10 per class), converts to
+    RGB (one class photo is greyscale), resizes the short side to ``size`` and crops the centre, as
+    ImageNet models expect. Labels follow :data:`IMAGENETTE_CLASSES`; map them to ImageNet's 1,000
+    classes with :data:`IMAGENETTE_IMAGENET_INDEX`. There is no download: the error says where to put
+    the images.
+    """
+    from torchvision.transforms import functional as TF
+
+    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
+        raise ValueError(f"size must be a positive int, got {size!r}")
+    folder = _root(root) / "imagenette" / "val-sample"
+    files = [sorted((folder / w).glob("*.JPEG")) for w in _IMAGENETTE_WNIDS]
+    empty = [folder / w / "*.JPEG" for w, f in zip(_IMAGENETTE_WNIDS, files) if not f]
+    if empty:
+        hint = ("\nImagenette (https://github.com/fastai/imagenette) is a 10-class subset of ImageNet: copy "
+                "some validation images of each class (imagenette2/val/<wnid>/) into that layout.")
+        raise _not_found("Imagenette validation images", empty, "imagenette/val-sample/<wnid>/*.JPEG", None, hint)
+    images = []
+    for path in (p for f in files for p in f):
+        with Image.open(path) as image:
+            images.append(TF.pil_to_tensor(TF.center_crop(TF.resize(image.convert("RGB"), size), size)))
+    labels = torch.repeat_interleave(torch.arange(len(files)), torch.tensor([len(f) for f in files]))
+    return _image_data(torch.stack(images), labels, IMAGENETTE_CLASSES,
+                       f"Imagenette2 validation photos, short side resized to {size} and centre-cropped, from {folder}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -90,10 +90,16 @@ def test_active_share_chunks_agree_with_one_batch():
     torch.manual_seed(3)
     net = conv_net()
     x = torch.randn(20, 1, 8, 8)
-    whole = gates.record_gates(net, x).active_share()
+    rec = gates.record_gates(net, x)
+    whole = {k: (q > 0).flatten(1).double().mean(1) for k, q in rec.preactivations.items()}  # one batch, by hand
     chunked = gates.active_share(net, x, batch_size=7)
+    assert list(chunked) == list(whole)
     for k in whole:
         torch.testing.assert_close(whole[k], chunked[k])
+    # all layers together: active units over all hidden units, per input
+    on = sum((q > 0).flatten(1).sum(1) for q in rec.preactivations.values())
+    units = sum(q[0].numel() for q in rec.preactivations.values())
+    torch.testing.assert_close(gates.active_share(net, x, batch_size=7, per_layer=False), on.double() / units)
 
 
 @pytest.mark.parametrize("layer", [nn.GELU(), nn.Tanh(), nn.Sigmoid(), nn.LeakyReLU()])
@@ -209,3 +215,76 @@ def test_hooks_and_guard_are_removed_after_a_keyboard_interrupt():
     assert torch._C._len_torch_function_stack() == 0
     user_hook.remove()
     torch.relu(torch.randn(3))  # the guard no longer refuses functional calls
+
+
+class LinearFnLinear(nn.Module):
+    """Linear, ``fn`` applied as a function in ``forward`` (a hook cannot see it), Linear."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.a, self.b, self.fn = nn.Linear(3, 4), nn.Linear(4, 2), fn
+
+    def forward(self, x):
+        return self.b(self.fn(self.a(x)))
+
+
+class AbsAtFunctionalRelu(gates.Rule):
+    """A rule that accepts functional ReLUs and computes |q| there (visibly not a ReLU)."""
+
+    def __init__(self):
+        self.where = []
+
+    def functional_relu(self, where, q):
+        self.where.append(where)
+        return q.abs()
+
+
+@pytest.mark.parametrize("fn", [lambda h: h.relu(), lambda h: (F.relu(h, inplace=True), h)[1], torch.relu_])
+def test_a_rule_may_accept_functional_relus(fn):
+    torch.manual_seed(4)
+    net = LinearFnLinear(fn)
+    x = torch.randn(5, 3)
+    rule = AbsAtFunctionalRelu()
+    with gates.instrument(net, rule):
+        out = net(x)
+    with torch.no_grad():
+        assert torch.allclose(out, net.b(net.a(x).abs()))  # the rule's output replaced the ReLU's
+    assert rule.where == ["'<model>' (LinearFnLinear)"]
+    with pytest.raises(gates.UnsupportedLayerError, match="as a function"):  # Record keeps refusing it
+        with gates.instrument(net, gates.Record(), gates.Rule()):
+            net(x)
+
+
+def test_guard_is_active_only_in_the_forward_and_names_restart_with_each_forward():
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 2))
+    x = torch.randn(4, 3)
+    rec = gates.Record()
+    with gates.instrument(net, rec):
+        first = net(x)
+        assert torch.equal(torch.relu(first), first.clamp_min(0))  # user code in the block: plain torch
+        names = list(rec.preactivations)
+        net(2 * x)
+    assert names == list(rec.preactivations) == ["1", "3"]
+    torch.testing.assert_close(rec.preactivations["1"], net[0](2 * x))  # the second forward's, same names
+    assert torch._C._len_torch_function_stack() == 0
+
+
+def test_blocks_do_not_nest_and_rules_are_checked():
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))
+    with gates.instrument(net, gates.Record()):
+        for inner in (net, net[1]):
+            with pytest.raises(RuntimeError, match="already active"):
+                with gates.instrument(inner):
+                    pass
+    with gates.instrument(net[1]):
+        with pytest.raises(RuntimeError, match="already active"):
+            with gates.instrument(net):
+                pass
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    with pytest.raises(TypeError, match="Rule"):
+        with gates.instrument(net, lambda *a: None):
+            pass
+    g = gates.record_gates(net, torch.randn(2, 3)).gates
+    with pytest.raises(ValueError, match="two rules replace"):
+        with gates.instrument(net, gates.ImposeGates(g), gates.ImposeGates(g)):
+            net(torch.randn(2, 3))

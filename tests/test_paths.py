@@ -155,6 +155,25 @@ def test_count_paths_conv_matches_brute_force():
         assert counts.active[n, -1] == (A3 @ win @ active_conv).sum()
 
 
+def test_count_paths_through_average_pools_matches_brute_force():
+    """Average pools (fixed and adaptive) pass every input of a window: counts from adjacency matrices."""
+    torch.manual_seed(1)
+    conv, lin = nn.Conv2d(1, 2, 3, padding=1), nn.Linear(2, 3)
+    with torch.no_grad():
+        conv.weight.uniform_(0.5, 1.0)
+        lin.weight.uniform_(0.5, 1.0)
+    net = nn.Sequential(conv, nn.ReLU(), nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), lin).double()
+    counts = paths.count_paths(net, input_shape=(1, 4, 4))
+    A1 = _adjacency_reference(lambda z: nn.functional.conv2d(z, conv.weight.double(), padding=1), (1, 4, 4))
+    pool = _adjacency_reference(lambda z: nn.functional.avg_pool2d(z, 2), (2, 4, 4))
+    gap = _adjacency_reference(lambda z: nn.functional.adaptive_avg_pool2d(z, 1), (2, 2, 2))
+    A3 = _adjacency_reference(lambda z: z.flatten(1) @ lin.weight.double().T, (2,))
+    ones = torch.ones(16, dtype=torch.float64)
+    assert counts.total[0] == (A1 @ ones).sum() and counts.total[-1] == (A3 @ gap @ pool @ A1 @ ones).sum()
+    with pytest.raises(ValueError, match="unequal windows"):
+        paths.count_paths(nn.Sequential(nn.Conv2d(1, 1, 1), nn.AdaptiveAvgPool2d(3)), input_shape=(1, 4, 4))
+
+
 def test_count_paths_needs_input_or_shape_and_rejects_unknown_layers():
     with pytest.raises(ValueError, match="input_shape"):
         paths.count_paths(nn.Sequential(nn.Linear(2, 2)))

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 import torchvision
 import zennit.composites as zc
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import gates, paths, pullbacks as pb, zoo
+from dualview import gates, paths, pullbacks as pb, surrogates, zoo
 from dualview.gates import UnsupportedLayerError
 
 
@@ -191,44 +191,12 @@ def test_user_code_inside_block_is_not_guarded(resnet20, cifar_batch):
 # soft max-pooling
 
 
-@settings(max_examples=40, deadline=None)
-@given(k=st.integers(1, 4), s=st.integers(1, 3), p=st.integers(0, 2), d=st.integers(1, 2),
-       ceil=st.booleans(), h=st.integers(6, 11), w=st.integers(6, 11), tau=st.floats(0.05, 3.0),
-       seed=st.integers(0, 1000))
-def test_soft_pool_backward_is_gradient_of_softmax_pooling(k, s, p, d, ceil, h, w, tau, seed):
-    assume(p <= k // 2)  # torch requires padding <= kernel / 2
-    assume(d * (k - 1) + 1 <= min(h, w) + 2 * p)  # at least one window
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(2, 3, h, w, dtype=torch.float64, generator=gen, requires_grad=True)
-    kw = dict(kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)
-    hard = F.max_pool2d(x, **kw)
-    sur = pb.surrogate_max_pool(x, **kw, temperature=tau)
-    soft = pb.soft_max_pool(x, **kw, temperature=tau)
-    assert torch.equal(sur, hard)  # forward: max-pooling
-    assert soft.shape == hard.shape
-    g = torch.randn(hard.shape, dtype=torch.float64, generator=gen)
-    (a,) = torch.autograd.grad(sur, x, g)
-    (b,) = torch.autograd.grad(soft, x, g)
-    assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)  # backward: softmax pooling's gradient
-
-
-def test_soft_pool_reference_values_and_limits():
-    x = torch.tensor([[[[1.0, 2.0], [0.0, -1.0]]]], dtype=torch.float64)
-    tau = 0.5
-    w = torch.softmax(x.flatten() / tau, 0)
-    assert torch.allclose(pb.soft_max_pool(x, 2, temperature=tau).flatten(), (w * x.flatten()).sum())
-    assert torch.allclose(pb.soft_max_pool(x, 2, temperature=1e-3), F.max_pool2d(x, 2))
-    # padding is excluded, not pooled as zeros: an all-negative window stays negative
-    neg = -torch.ones(1, 1, 3, 3, dtype=torch.float64)
-    assert torch.allclose(pb.soft_max_pool(neg, 3, stride=1, padding=1, temperature=0.3), -torch.ones_like(neg))
-
-
 def test_max_pool_1d_module():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv1d(2, 4, 3, padding=1, padding_mode="circular"), nn.ReLU(), nn.MaxPool1d(2),
                         nn.Flatten(), nn.Linear(4 * 5, 3)).double().eval()
     x = torch.randn(3, 2, 10, dtype=torch.float64)
-    soft_twin = lambda z: net[3:](pb.soft_max_pool(net[1](net[0](z)), 2, temperature=0.3, one_d=True))  # noqa: E731
+    soft_twin = lambda z: net[3:](surrogates.soft_max_pool(net[1](net[0](z)), 2, temperature=0.3, one_d=True))  # noqa: E731
     xg = x.clone().requires_grad_(True)
     (ref,) = torch.autograd.grad(soft_twin(xg)[:, 1].sum(), xg)
     ours = pb.excitation_pullback(net, x, 1, temperature=0.0, pool_temperature=0.3)
@@ -317,8 +285,8 @@ def test_path_space_linearity(seed, tau):
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 2)).double()
     x = torch.randn(5, 4, dtype=torch.float64)
-    phi = pb.excitation_path_features(net, x, tau)
-    assert torch.allclose(phi, pb.excitation_path_features_reference(net, x, tau), rtol=1e-12, atol=0)
+    phi = paths.neural_path_features(net, x, temperature=tau)
+    assert torch.allclose(phi, paths.neural_path_features_reference(net, x, temperature=tau), rtol=1e-12, atol=0)
     omega = paths.neural_path_values(net)
     lam = pb.excitation_gates(net, x, tau)
     with torch.no_grad():
@@ -327,15 +295,16 @@ def test_path_space_linearity(seed, tau):
     # Eq. 20: the pullback is the sum of tau_p * omega_p over the paths starting at each input
     v = pb.excitation_pullback(net, x, 1, temperature=tau)
     start = paths.path_index(net)[:, 0]
-    tau_p = pb.path_gates(net, x, tau)
+    tau_p = paths.path_activity(net, x, temperature=tau)
     v_paths = torch.zeros(5, 5, dtype=x.dtype).index_add_(1, start, tau_p * omega[:, 1])
     assert torch.allclose(v_paths[:, :4], v, rtol=1e-10, atol=1e-12)
-    # zero temperature: the ordinary neural path features of Chapter 1
-    assert torch.equal(pb.excitation_path_features(net, x, 0.0), paths.neural_path_features(net, x))
+    # zero temperature: the hard gates, so <phi_0, omega> is the network itself (Chapter 1)
+    with torch.no_grad():
+        assert torch.allclose(paths.neural_path_features(net, x, temperature=0.0) @ omega, net(x), rtol=1e-10, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------------------------
-# counterfactual ascent and deletion
+# counterfactual ascent
 
 
 def test_projected_gradient_ascent(resnet20, cifar_batch):
@@ -350,72 +319,6 @@ def test_projected_gradient_ascent(resnet20, cifar_batch):
         assert r.x.min() >= 0 and r.x.max() <= 1 and torch.allclose(r.delta, r.x - x)
         assert torch.all(r.gain[-1] > 0)
         assert r.success.dtype == torch.bool
-
-
-def test_deletion_curve(resnet20, cifar_batch):
-    x = cifar_batch[:3]
-    scores = torch.rand(3, 32, 32)
-    curve = pb.deletion_curve(resnet20, x, [0, 1, 2], scores, baseline=torch.tensor([0.485, 0.456, 0.406]),
-                              fractions=[0.0, 0.25, 1.0])
-    with torch.no_grad():
-        out = resnet20(x)
-    assert torch.allclose(curve.target_logit[0], out[[0, 1, 2], [0, 1, 2]])
-    grey = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1).expand_as(x)
-    with torch.no_grad():
-        assert torch.allclose(curve.target_logit[-1], resnet20(grey)[[0, 1, 2], [0, 1, 2]], atol=1e-5)
-    assert curve.area().shape == (3,)
-
-
-def test_insertion_curve(resnet20, cifar_batch):
-    x = cifar_batch[:3]
-    scores = torch.rand(3, 32, 32)
-    grey = torch.tensor([0.485, 0.456, 0.406])
-    ins = pb.deletion_curve(resnet20, x, [0, 1, 2], scores, baseline=grey, fractions=[0.0, 0.3, 1.0], mode="insertion")
-    dele = pb.deletion_curve(resnet20, x, [0, 1, 2], -scores, baseline=grey, fractions=[0.0, 0.7, 1.0])
-    with torch.no_grad():
-        assert torch.allclose(ins.target_logit[0], resnet20(grey.view(1, 3, 1, 1).expand_as(x))[[0, 1, 2], [0, 1, 2]],
-                              atol=1e-5)
-        assert torch.allclose(ins.target_logit[-1], resnet20(x)[[0, 1, 2], [0, 1, 2]], atol=1e-5)
-    # inserting the top 30 % by score = deleting the bottom 70 % (the top 70 % of -scores)
-    assert torch.allclose(ins.target_logit[1], dele.target_logit[1], atol=1e-5)
-    with pytest.raises(ValueError, match="mode"):
-        pb.deletion_curve(resnet20, x, 0, scores, mode="sideways")
-
-
-def _tv_reference(m: torch.Tensor) -> float:
-    c, h, w = m.shape
-    tv = sum(abs(float(m[k, i + 1, j] - m[k, i, j])) for k in range(c) for i in range(h - 1) for j in range(w))
-    tv += sum(abs(float(m[k, i, j + 1] - m[k, i, j])) for k in range(c) for i in range(h) for j in range(w - 1))
-    return tv / float(m.abs().sum())
-
-
-def test_total_variation():
-    torch.manual_seed(0)
-    m = torch.randn(3, 2, 7, 5, dtype=torch.float64)
-    tv = pb.total_variation(m)
-    assert torch.allclose(tv, torch.tensor([_tv_reference(mi) for mi in m], dtype=m.dtype))
-    assert torch.allclose(pb.total_variation(5 * m), tv)                      # scale-free
-    assert pb.total_variation(torch.ones(1, 6, 6)).item() == 0
-    board = (-1.0) ** (torch.arange(6)[:, None] + torch.arange(6)[None, :]).double()
-    assert abs(pb.total_variation(board[None]).item() - 2 * (2 * 5 * 6) / 36) < 1e-12
-    with pytest.raises(ValueError):
-        pb.total_variation(torch.ones(4, 4))
-
-
-def test_high_frequency_share():
-    n = 16
-    i = torch.arange(n, dtype=torch.float64)
-    board = (-1.0) ** (i[:, None] + i[None, :])                  # Nyquist in both directions
-    wave = torch.cos(2 * torch.pi * i[:, None] / n).expand(n, n)  # one cycle per image: low frequency
-    hf = pb.high_frequency_share(torch.stack([board, wave, torch.ones(n, n, dtype=torch.float64)]))
-    assert torch.allclose(hf, torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), atol=1e-12)
-    # Parseval: the share of white noise above the cutoff is the share of frequency cells above it
-    torch.manual_seed(0)
-    noise = torch.randn(400, 1, n, n, dtype=torch.float64)
-    f = torch.fft.fftfreq(n, dtype=torch.float64)
-    cells = ((f[:, None] ** 2 + f[None, :] ** 2).sqrt() > 0.25).double().mean()
-    assert abs(pb.high_frequency_share(noise).mean() - cells) < 0.01
-    assert torch.allclose(pb.high_frequency_share(3 * noise[:2]), pb.high_frequency_share(noise[:2]))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -494,14 +397,10 @@ def test_errors():
         pb.projected_gradient_ascent(net, x, 0, method="lrp")
     with pytest.raises(ValueError, match="bounds"):
         pb.projected_gradient_ascent(net, x, 0, bounds=(1.0, 0.0))
-    with pytest.raises(ValueError, match="scores"):
-        pb.deletion_curve(net, x, 0, torch.rand(2, 3, 12, 12))
-    with pytest.raises(ValueError, match="temperature > 0"):
-        pb.soft_max_pool(x, 2, temperature=0)
     with pytest.raises(ValueError, match="value_range"):
         pb.rescale_norm(1.0, (3, 32, 32), value_range=0)
     with pytest.raises(TypeError, match="Sequential"):
-        pb.excitation_path_features(net, x)
+        paths.neural_path_features(net, x, temperature=0.3)
 
 
 def test_the_max_pool_surrogate_is_on_by_default():

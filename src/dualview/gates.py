@@ -1,38 +1,38 @@
 """Gates: the on/off states of the ReLUs of a network, recorded for a batch or imposed from outside.
 
 A ReLU computes ``z = q * 1{q > 0}``: its pre-activation ``q`` times its *gate* ``G = 1{q > 0}``
-(Lakshminarayanan & Singh; Table 4 of the duality paper :cite:`lakshminarayanan2022explicitising`).
-This module
+(Table 4 of the duality paper :cite:`lakshminarayanan2022explicitising`). :func:`record_gates`
+records the pre-activations and gates of every ReLU of a model for a batch, and the winners of every
+max-pooling window (a max-pool is a gate that lets one input of each window through).
+:func:`run_with_gates` runs a model with gates given from outside: every ReLU becomes a *gated linear
+unit* (GaLU) ``z = q * G`` with ``G`` supplied, every max-pool takes the supplied winners. With the
+model's own gates the output is unchanged; with the gates of an input ``x`` held fixed, the map
+``x' -> run_with_gates(model, x', G(x))`` is affine: the *active sub-network* of ``x``.
 
-* records the pre-activations and gates of every ReLU of a model for a batch
-  (:func:`record_gates`), and the winners of every max-pooling window (a max-pool is a gate that
-  lets exactly one input of each window through);
-* runs a model with gates given from outside (:func:`run_with_gates`): every ReLU becomes a
-  *gated linear unit* (GaLU) ``z = q * G`` with ``G`` supplied, and every max-pool takes the
-  supplied winners. With the model's own gates the output is unchanged; with the gates of an input
-  ``x`` held fixed, the map ``x' -> run_with_gates(model, x', G(x))`` is affine: it is the
-  *active sub-network* of ``x``.
+Both are built on one instrumentation primitive, :func:`instrument`, in the style of Zennit's
+composites: a context manager that hooks a model and names its gates, with small :class:`Rule`
+objects plugged in that say what happens at each gate (:class:`Record`, :class:`ImposeGates`; the
+surrogate backward of excitation pullbacks is :class:`dualview.surrogates.SurrogateBackward`).
 
-Supported layers (see :data:`SUPPORTED_LAYERS`): ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d`` (any
-padding mode, including circular), ``nn.ReLU``, ``nn.MaxPool1d``, ``nn.MaxPool2d``, ``nn.AvgPool1d``,
-``nn.AvgPool2d``, ``nn.AdaptiveAvgPool1d``, ``nn.AdaptiveAvgPool2d``, ``nn.BatchNorm1d``,
-``nn.BatchNorm2d`` (eval mode), ``nn.Dropout`` (eval mode), ``nn.Flatten``, ``nn.Identity``, and
-containers of these (``nn.Sequential``, residual blocks whose ``forward`` adds tensors).
-Linear layers of your own join with :func:`register_linear_layer`, or by declaring a class attribute
-``linear_layer = True`` (as the affine layers of :mod:`dualview.nets` do).
-
-Anything else raises :class:`UnsupportedLayerError` naming the layer: an unknown module, an
-activation other than ReLU (``nn.GELU``, ``nn.Tanh``, ...), BatchNorm or Dropout in training mode,
-and a *functional* non-linearity called inside a ``forward`` (``F.relu``, ``torch.relu``,
-``x.relu()``, ``F.max_pool2d``, ``torch.tanh``, ``x.clamp(...)``, ...), which a module hook
-cannot see. The functional check intercepts a fixed list of functions (:data:`GUARDED_FUNCTIONS`); a
+Supported layers (:data:`SUPPORTED_LAYERS`): ``nn.Linear``, ``nn.Conv1d``/``2d`` (any padding mode),
+``nn.ReLU``, ``nn.MaxPool1d``/``2d``, ``nn.AvgPool1d``/``2d``, ``nn.AdaptiveAvgPool1d``/``2d``,
+``nn.BatchNorm1d``/``2d`` and ``nn.Dropout`` (eval mode), ``nn.Flatten``, ``nn.Identity``, and containers
+of these (``nn.Sequential``, residual blocks whose ``forward`` adds tensors). Linear layers of your own
+join with :func:`register_linear_layer`, or by declaring a class attribute ``linear_layer = True`` (as
+the affine layers of :mod:`dualview.nets` do). Anything else raises :class:`UnsupportedLayerError`
+naming the layer: an unknown module, another activation (``nn.GELU``, ...), BatchNorm or Dropout in
+training mode, and a *functional* non-linearity called inside a ``forward`` (``F.relu``,
+``x.relu()``, ``F.max_pool2d``, ``x.clamp(...)``, ...; the list is :data:`GUARDED_FUNCTIONS`), which
+a module hook cannot see; a rule may accept functional ReLUs, as the surrogate backward does. A
 non-linearity computed some other way (say ``x * (x > 0)``) cannot be detected.
 """
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Iterator, Mapping
 
 import torch
@@ -41,18 +41,9 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 __all__ = [
-    "SUPPORTED_LAYERS",
-    "UnsupportedLayerError",
-    "GateRecord",
-    "register_linear_layer",
-    "check_supported",
-    "record_gates",
-    "run_with_gates",
-    "active_share",
-    "instrument",
-    "GATE_LAYERS",
-    "POOL_GATE_LAYERS",
-    "GUARDED_FUNCTIONS",
+    "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
+    "GATE_LAYERS", "POOL_GATE_LAYERS", "GUARDED_FUNCTIONS", "GateRecord",
+    "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates", "active_share",
 ]
 
 
@@ -65,18 +56,8 @@ GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.ReLU,)
 #: The max-pools: each window passes its winner, a gate over the window (the winners are recorded).
 POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
 _LINEAR_LAYERS: list[type[nn.Module]] = [
-    nn.Linear,
-    nn.Conv1d,
-    nn.Conv2d,
-    nn.AvgPool1d,
-    nn.AvgPool2d,
-    nn.AdaptiveAvgPool1d,
-    nn.AdaptiveAvgPool2d,
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.Dropout,
-    nn.Flatten,
-    nn.Identity,
+    nn.Linear, nn.Conv1d, nn.Conv2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.Flatten, nn.Identity,
 ]
 _EVAL_ONLY: tuple[type[nn.Module], ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout)
 
@@ -143,39 +124,17 @@ def check_supported(model: nn.Module) -> None:
 #: Functional non-linearities that :func:`instrument` refuses when a model's ``forward`` calls them
 #: directly (a hook cannot see them). Calls made by the supported module that owns them (``nn.ReLU``
 #: calls ``F.relu``, ``nn.MaxPool2d`` calls ``F.max_pool2d``) are allowed.
-GUARDED_FUNCTIONS: frozenset[Callable] = frozenset(
-    {
-        F.relu, F.relu_, torch.relu, torch.relu_, Tensor.relu, Tensor.relu_,
-        F.relu6, F.gelu, F.silu, F.elu, F.selu, F.leaky_relu, F.softplus, F.hardtanh, F.mish,
-        torch.tanh, Tensor.tanh, torch.sigmoid, Tensor.sigmoid, F.sigmoid, F.tanh,
-        torch.clamp, torch.clamp_min, torch.clip, Tensor.clamp, Tensor.clamp_min, Tensor.clip,
-        torch.maximum, torch.minimum,
-        F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d,
-        F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.adaptive_max_pool2d,
-    }
-)
-
-
-class _Guard(TorchFunctionMode):
-    """Refuses functional non-linearities outside the supported modules that own them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stack: list[tuple[str, nn.Module]] = []
-        self.internal = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in GUARDED_FUNCTIONS and not self.internal:
-            owner = self.stack[-1] if self.stack else ("<model>", None)
-            if not isinstance(owner[1], GATE_LAYERS + POOL_GATE_LAYERS):
-                where = f"'{owner[0]}' ({type(owner[1]).__name__})" if owner[1] is not None else "the model"
-                raise UnsupportedLayerError(
-                    f"the forward of {where} calls {getattr(func, '__name__', func)} as a function; "
-                    "dualview sees gates only through modules. Replace the call by an nn.ReLU / "
-                    "nn.MaxPool2d module attribute (one instance per use) so its gates can be "
-                    "recorded; other activations are not ReLU gates."
-                )
-        return func(*args, **(kwargs or {}))
+GUARDED_FUNCTIONS: frozenset[Callable] = frozenset({
+    F.relu, F.relu_, torch.relu, torch.relu_, Tensor.relu, Tensor.relu_,
+    F.relu6, F.gelu, F.silu, F.elu, F.selu, F.leaky_relu, F.softplus, F.hardtanh, F.mish,
+    torch.tanh, Tensor.tanh, torch.sigmoid, Tensor.sigmoid, F.sigmoid, F.tanh,
+    torch.clamp, torch.clamp_min, torch.clip, Tensor.clamp, Tensor.clamp_min, Tensor.clip,
+    torch.maximum, torch.minimum,
+    F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d,
+    F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.adaptive_max_pool2d,
+})
+_RELU_FUNCTIONS = frozenset({F.relu, torch.relu, Tensor.relu})
+_INPLACE_RELU_FUNCTIONS = frozenset({F.relu_, torch.relu_, Tensor.relu_})
 
 
 @dataclass
@@ -202,87 +161,239 @@ class GateRecord:
     def names(self) -> list[str]:
         return list(self.preactivations)
 
-    def active_share(self) -> dict[str, Tensor]:
-        """Per sample, the share of gates that are on in each ReLU layer: ``{name: (N,)}``."""
-        return {k: (q > 0).flatten(1).double().mean(1) for k, q in self.preactivations.items()}
-
     def num_gates(self) -> dict[str, int]:
         """Number of gates (ReLU units) per layer, for one input."""
         return {k: q[0].numel() for k, q in self.preactivations.items()}
 
 
-def _pool_with_indices(module: nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
-    fn = F.max_pool1d if isinstance(module, nn.MaxPool1d) else F.max_pool2d
-    return fn(x, module.kernel_size, module.stride, module.padding, module.dilation,
-              ceil_mode=module.ceil_mode, return_indices=True)
+class Rule:
+    """What happens at the gates of a model inside :func:`instrument` (Zennit's rules, for gates).
+
+    Subclass it and override what you need; each method may return a replacement for the layer's
+    output (``None``: keep it). ``site`` names the call as :func:`record_gates` does.
+    """
+
+    def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:
+        """Called at each ReLU call with its pre-activation ``q``."""
+        return None
+
+    def max_pool(self, site: str, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:
+        """Called at each max-pool call with its input ``x`` and its output ``out``."""
+        return None
+
+    def functional_relu(self, where: str, q: Tensor) -> Tensor | None:
+        """Called when the ``forward`` of the module ``where`` applies a ReLU as a function (``F.relu``,
+        ``x.relu()``, in place or not) to ``q``. ``None`` (the default) refuses it with
+        :class:`UnsupportedLayerError`; a rule that accepts it returns the output."""
+        return None
 
 
-def _gather_pool(x: Tensor, indices: Tensor) -> Tensor:
-    """Take, for every window, the input at the given winner index (a fixed selection, linear in x)."""
-    flat = x.flatten(2)
-    return flat.gather(2, indices.flatten(2)).view(indices.shape)
+class Record(Rule):
+    """Record the pre-activation of every ReLU call into ``preactivations`` (a dict of yours, or a new
+    one) and, with ``winners=True``, the winners of every max-pool call into ``pool_indices``."""
+
+    def __init__(self, preactivations: dict[str, Tensor] | None = None, winners: bool = True) -> None:
+        self.preactivations = {} if preactivations is None else preactivations
+        self.pool_indices: dict[str, Tensor] = {}
+        self.winners = winners
+
+    def relu(self, site, module, q):
+        self.preactivations[site] = q
+
+    def max_pool(self, site, module, x, out):
+        if self.winners:
+            fn = F.max_pool1d if isinstance(module, nn.MaxPool1d) else F.max_pool2d
+            self.pool_indices[site] = fn(x, module.kernel_size, module.stride, module.padding, module.dilation,
+                                         ceil_mode=module.ceil_mode, return_indices=True)[1]
+
+
+class ImposeGates(Rule):
+    """GaLU: every ReLU call ``site`` outputs ``q * gates[site]``; with ``pool_indices``, every max-pool
+    passes the given winners instead of its own maxima. :meth:`check_complete` then says whether every
+    call had its gates and every given gate was used."""
+
+    def __init__(self, gates: Mapping[str, Tensor], pool_indices: Mapping[str, Tensor] | None = None) -> None:
+        self.gates, self.pool_indices = gates, pool_indices
+        self.seen: set[str] = set()
+        self.missing: list[str] = []
+
+    def relu(self, site, module, q):
+        self.seen.add(site)
+        if site not in self.gates:
+            self.missing.append(site)
+            return None
+        g = self.gates[site]
+        try:
+            return q * g.to(dtype=q.dtype, device=q.device)
+        except RuntimeError as e:
+            raise ValueError(f"gates['{site}'] has shape {tuple(g.shape)}, which does not broadcast against "
+                             f"the pre-activation of shape {tuple(q.shape)}") from e
+
+    def max_pool(self, site, module, x, out):
+        self.seen.add(site)
+        if self.pool_indices is None:
+            return None
+        if site not in self.pool_indices:
+            self.missing.append(site)
+            return None
+        idx = self.pool_indices[site].to(x.device)
+        if idx.shape[0] != x.shape[0] and idx.shape[0] == 1:
+            idx = idx.expand(x.shape[0], *idx.shape[1:])
+        if idx.shape[0] != x.shape[0] or idx.shape[1:] != out.shape[1:]:
+            raise ValueError(f"pool_indices['{site}'] has shape {tuple(idx.shape)}, expected "
+                             f"{(x.shape[0], *out.shape[1:])} (or a leading 1 to share across the batch)")
+        return x.flatten(2).gather(2, idx.flatten(2)).view(idx.shape)  # a fixed selection: linear in x
+
+    def check_complete(self) -> None:
+        """Raise ``KeyError`` if a call had no gates, or gates were given for a call never reached."""
+        if self.missing:
+            raise KeyError(f"no gates given for {self.missing}; pass a mapping with one entry per ReLU / "
+                           "max-pool call as record_gates(model, x) names them")
+        extra = (set(self.gates) | set(self.pool_indices or {})) - self.seen
+        if extra:
+            raise KeyError(f"gates given for {sorted(extra)}, which the forward pass never reached")
+
+
+class _Guard(TorchFunctionMode):
+    """Active during the root model's forward: refuses functional non-linearities outside the supported
+    modules that own them, except functional ReLUs that a rule accepts."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        super().__init__()
+        self.rules = rules
+        self.stack: list[tuple[str, nn.Module]] = []
+        self.internal = 0  # > 0 while a rule runs: its own calls are not the model's
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.internal or func not in GUARDED_FUNCTIONS:
+            return func(*args, **kwargs)
+        label, owner = self.stack[-1]
+        if isinstance(owner, GATE_LAYERS + POOL_GATE_LAYERS):
+            return func(*args, **kwargs)
+        where = f"'{label}' ({type(owner).__name__})"
+        if func in _RELU_FUNCTIONS or func in _INPLACE_RELU_FUNCTIONS:
+            inplace = func in _INPLACE_RELU_FUNCTIONS or bool(kwargs.get("inplace", args[1] if len(args) > 1 else False))
+            x = args[0]
+            q = x.clone() if inplace else x  # the rule's output may depend on q, which the copy overwrites
+            out = _apply(self, lambda rule: rule.functional_relu(where, q), f"functional ReLU in {where}")
+            if out is not None:
+                return x.copy_(out) if inplace else out
+        raise UnsupportedLayerError(
+            f"the forward of {where} calls {getattr(func, '__name__', func)} as a function; dualview sees "
+            "gates only through modules. Replace the call by an nn.ReLU / nn.MaxPool2d module attribute "
+            "(one instance per use) so its gates can be recorded; other activations are not ReLU gates.")
+
+
+def _apply(guard: _Guard, call: Callable[[Rule], Tensor | None], site: str) -> Tensor | None:
+    """Run every rule at one gate (not guarded); at most one may replace the output."""
+    out = None
+    guard.internal += 1
+    try:
+        for rule in guard.rules:
+            new = call(rule)
+            if new is not None:
+                if out is not None:
+                    raise ValueError(f"two rules replace the output of {site}; combine at most one such rule")
+                out = new
+    finally:
+        guard.internal -= 1
+    return out
+
+
+_INSTRUMENTED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
 @contextlib.contextmanager
-def instrument(
-    model: nn.Module,
-    on_gate: Callable[[str, nn.Module, Tensor], Tensor | None],
-    on_pool: Callable[[str, nn.Module, Tensor, Tensor], Tensor | None],
-) -> Iterator[None]:
-    """The one instrumentation primitive: a context manager that hooks every module of ``model`` for
-    the forward passes run inside it, and removes every hook on exit (also after a ``BaseException``
-    such as ``KeyboardInterrupt``).
+def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
+    """The one instrumentation primitive: inside the block, every forward pass of ``model`` applies the
+    ``rules`` at its gates; on exit every hook is removed, also after a ``BaseException`` such as
+    ``KeyboardInterrupt``. Parameters and modules are never touched.
 
     It checks the model (:func:`check_supported`), names each ReLU / max-pool *call* (``name``,
-    ``name#1``, ... for a module called more than once), hands an in-place ReLU's input over before
-    it is overwritten, and guards against functional non-linearities inside ``forward``
-    (:data:`GUARDED_FUNCTIONS`). What happens at a gate is plugged in: ``on_gate(name, module, q)`` is
-    called at each ReLU call with its pre-activation and may return a replacement output;
-    ``on_pool(name, module, x, out)`` likewise at each max-pool call. :func:`record_gates` and
-    :func:`run_with_gates` are built on it, and so is path counting in :mod:`dualview.paths`.
+    ``name#1``, ... for a module called more than once in one forward), hands an in-place ReLU's input
+    over before it is overwritten, and, during the model's own forward only (not in the rest of the
+    ``with`` body), refuses functional non-linearities (:data:`GUARDED_FUNCTIONS`) unless a rule
+    accepts a functional ReLU. Call the model itself, not a submodule, inside the block. Blocks on
+    the same model (or a module of it) do not nest: combine the rules in one block instead.
+    :func:`record_gates`, :func:`run_with_gates`, path counting and excitation pullbacks are built on it.
     """
     check_supported(model)
-    guard = _Guard()
+    bad = [r for r in rules if not isinstance(r, Rule)]
+    if bad:
+        raise TypeError(f"instrument expects dualview.gates.Rule objects, got {bad!r}")
+    if any(m in _INSTRUMENTED for m in model.modules()):
+        raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
+                           "do not nest the blocks: pass all rules to one block")
+    guard = _Guard(rules)
     calls: Counter[str] = Counter()
     captured: dict[int, Tensor] = {}
-    handles = []
+    depth = [0]
 
-    def site(name: str) -> str:
-        k = calls[name]
-        calls[name] += 1
-        return name if k == 0 else f"{name}#{k}"
+    def site(label: str) -> str:
+        k = calls[label]
+        calls[label] += 1
+        return label if k == 0 else f"{label}#{k}"
 
-    for name, module in model.named_modules():
-        label = name or "<model>"
+    def enter(mod, args):  # the root model's forward starts: names restart, the guard is on
+        if depth[0] == 0:
+            calls.clear()
+            guard.__enter__()
+        depth[0] += 1
 
-        def pre(mod, args, label=label):
-            guard.stack.append((label, mod))
-            if isinstance(mod, GATE_LAYERS) and getattr(mod, "inplace", False):
-                captured[id(mod)] = args[0].clone()  # in-place ReLU overwrites its input
+    def leave(mod, args, out):
+        depth[0] -= 1
+        if depth[0] == 0:
+            guard.__exit__(None, None, None)
 
-        def post(mod, args, out, label=label):
+    def push(mod, args, label):
+        guard.stack.append((label, mod))
+        if isinstance(mod, GATE_LAYERS) and getattr(mod, "inplace", False):
+            captured[id(mod)] = args[0].clone()  # an in-place ReLU overwrites its input
+
+    def pop(mod, args, out):
+        if guard.stack and guard.stack[-1][1] is mod:
             guard.stack.pop()
-            if isinstance(mod, GATE_LAYERS) or isinstance(mod, POOL_GATE_LAYERS):
-                guard.internal += 1
-                try:
-                    if isinstance(mod, GATE_LAYERS):
-                        q = captured.pop(id(mod), args[0])
-                        new = on_gate(site(label), mod, q)
-                    else:
-                        new = on_pool(site(label), mod, args[0], out)
-                finally:
-                    guard.internal -= 1
-                return new
-            return None
 
-        handles.append(module.register_forward_pre_hook(pre))
-        handles.append(module.register_forward_hook(post, always_call=True))
+    def at_relu(mod, args, out, label):
+        pop(mod, args, out)
+        q, s = captured.pop(id(mod), args[0]), site(label)
+        return _apply(guard, lambda rule: rule.relu(s, mod, q), f"ReLU call '{s}'")
+
+    def at_pool(mod, args, out, label):
+        pop(mod, args, out)
+        s = site(label)
+        return _apply(guard, lambda rule: rule.max_pool(s, mod, args[0], out), f"max-pool call '{s}'")
+
+    handles = [model.register_forward_pre_hook(enter)]
     try:
-        with guard:
-            yield
+        for name, module in model.named_modules():
+            label = name or "<model>"
+            post = partial(at_relu, label=label) if isinstance(module, GATE_LAYERS) else \
+                partial(at_pool, label=label) if isinstance(module, POOL_GATE_LAYERS) else pop
+            handles += [module.register_forward_pre_hook(partial(push, label=label)),
+                        module.register_forward_hook(post, always_call=True)]
+        handles.append(model.register_forward_hook(leave, always_call=True))
+        _INSTRUMENTED.update(model.modules())
+        yield
     finally:
         for h in handles:
             h.remove()
+        _INSTRUMENTED.difference_update(model.modules())
+        if depth[0] > 0:  # a BaseException left the forward before its last hook ran
+            guard.__exit__(None, None, None)
+
+
+def check_batch(x: Tensor, floating: bool = False) -> None:
+    """Raise a clear error unless ``x`` is a tensor with a leading batch dimension (and, with
+    ``floating=True``, of a floating-point dtype)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"expected a torch.Tensor input, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"expected a batch of inputs with a leading batch dimension, got shape "
+                         f"{tuple(x.shape)}; use x.unsqueeze(0) for a single input")
+    if floating and not x.dtype.is_floating_point:
+        raise TypeError(f"inputs must be floating point, got {x.dtype}")
 
 
 def record_gates(model: nn.Module, x: Tensor) -> GateRecord:
@@ -291,30 +402,16 @@ def record_gates(model: nn.Module, x: Tensor) -> GateRecord:
     Gradients flow through the recorded pre-activations (wrap the call in ``torch.no_grad()``
     when you do not need them). See :class:`GateRecord` for the naming of layers.
     """
-    _check_input(x)
-    pre: dict[str, Tensor] = {}
-    pools: dict[str, Tensor] = {}
-
-    def on_gate(name, module, q):
-        pre[name] = q
-        return None
-
-    def on_pool(name, module, inp, out):
-        pools[name] = _pool_with_indices(module, inp)[1]
-        return None
-
-    with instrument(model, on_gate, on_pool):
+    check_batch(x)
+    rule = Record()
+    with instrument(model, rule):
         out = model(x)
-    return GateRecord(output=out, preactivations=pre, pool_indices=pools)
+    return GateRecord(output=out, preactivations=rule.preactivations, pool_indices=rule.pool_indices)
 
 
-def run_with_gates(
-    model: nn.Module,
-    x: Tensor,
-    gates: Mapping[str, Tensor],
-    pool_indices: Mapping[str, Tensor] | None = None,
-    preactivations: dict[str, Tensor] | None = None,
-) -> Tensor:
+def run_with_gates(model: nn.Module, x: Tensor, gates: Mapping[str, Tensor],
+                   pool_indices: Mapping[str, Tensor] | None = None,
+                   preactivations: dict[str, Tensor] | None = None) -> Tensor:
     """Run ``model`` on ``x`` with every ReLU replaced by a GaLU fed the given ``gates``.
 
     Each ReLU call ``name`` outputs ``q * gates[name]`` where ``q`` is its pre-activation on ``x``;
@@ -323,71 +420,20 @@ def run_with_gates(
     its own maxima (otherwise it pools ``x``'s own values). With the model's own gates and
     winners the output equals ``model(x)``; with those of another input it is that input's active
     sub-network applied to ``x`` (Section 2.2 of :cite:`satkiewicz2025tapping`). A dict passed as
-    ``preactivations`` receives the pre-activation ``q`` of every ReLU call, by name.
+    ``preactivations`` receives the pre-activation ``q`` of every ReLU call, by name
+    (rules :class:`ImposeGates` and :class:`Record`).
     """
-    _check_input(x)
-    missing: list[str] = []
-    seen: set[str] = set()
-
-    def on_gate(name, module, q):
-        seen.add(name)
-        if preactivations is not None:
-            preactivations[name] = q
-        if name not in gates:
-            missing.append(name)
-            return None
-        g = gates[name]
-        try:
-            return q * g.to(dtype=q.dtype, device=q.device)
-        except RuntimeError as e:
-            raise ValueError(
-                f"gates['{name}'] has shape {tuple(g.shape)}, which does not broadcast against the "
-                f"pre-activation of shape {tuple(q.shape)}"
-            ) from e
-
-    def on_pool(name, module, inp, out):
-        seen.add(name)
-        if pool_indices is None:
-            return None
-        if name not in pool_indices:
-            missing.append(name)
-            return None
-        idx = pool_indices[name].to(inp.device)
-        if idx.shape[0] != inp.shape[0] and idx.shape[0] == 1:
-            idx = idx.expand(inp.shape[0], *idx.shape[1:])
-        if idx.shape[0] != inp.shape[0] or idx.shape[1:] != out.shape[1:]:
-            raise ValueError(
-                f"pool_indices['{name}'] has shape {tuple(idx.shape)}, expected "
-                f"{(inp.shape[0], *out.shape[1:])} (or a leading 1 to share across the batch)"
-            )
-        return _gather_pool(inp, idx)
-
-    with instrument(model, on_gate, on_pool):
+    check_batch(x)
+    impose = ImposeGates(gates, pool_indices)
+    rules = (impose,) if preactivations is None else (Record(preactivations, winners=False), impose)
+    with instrument(model, *rules):
         out = model(x)
-    if missing:
-        raise KeyError(
-            f"no gates given for {missing}; pass a mapping with one entry per ReLU / max-pool call "
-            "as record_gates(model, x) names them"
-        )
-    extra = (set(gates) | set(pool_indices or {})) - seen
-    if extra:
-        raise KeyError(f"gates given for {sorted(extra)}, which the forward pass never reached")
+    impose.check_complete()
     return out
 
 
-def _check_input(x: Tensor) -> None:
-    if not isinstance(x, Tensor):
-        raise TypeError(f"expected a torch.Tensor input, got {type(x).__name__}")
-    if x.dim() < 2:
-        raise ValueError(
-            f"expected a batch of inputs with a leading batch dimension, got shape {tuple(x.shape)}; "
-            "use x.unsqueeze(0) for a single input"
-        )
-
-
-def active_share(
-    model: nn.Module, x: Tensor, batch_size: int = 500, per_layer: bool = True
-) -> dict[str, Tensor] | Tensor:
+def active_share(model: nn.Module, x: Tensor, batch_size: int = 500,
+                 per_layer: bool = True) -> dict[str, Tensor] | Tensor:
     """Per input, the share of active gates (ReLU units with ``q > 0``).
 
     ``per_layer=True``: one share per ReLU call, ``{name: (N,) tensor}``; ``per_layer=False``: the
@@ -398,13 +444,13 @@ def active_share(
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     parts: dict[str, list[Tensor]] = {}
+    sizes: dict[str, int] = {}
     with torch.no_grad():
         for chunk in x.split(batch_size):
             for name, q in record_gates(model, chunk).preactivations.items():
                 parts.setdefault(name, []).append((q > 0).flatten(1).sum(1).cpu())
+                sizes[name] = q[0].numel()
     on = {k: torch.cat(v).double() for k, v in parts.items()}
-    with torch.no_grad():
-        sizes = record_gates(model, x[:1]).num_gates()
     if per_layer:
         return {k: on[k] / sizes[k] for k in on}
     return sum(on.values()) / sum(sizes.values())

@@ -2,14 +2,12 @@
 
 For a fully connected ReLU network with layers ``W_1 ... W_L`` a *path* ``p`` picks one unit in every
 layer, from an input coordinate to an output unit. Definition E.1 of the duality paper
-:cite:`lakshminarayanan2022explicitising`:
-
-* the *activity* of a path is the product of the gates along it, ``A(x, p) = prod_l G_l(x)[p_l]``;
-* its *neural path feature* (NPF) is ``phi(x)_p = x[p_0] * A(x, p)``;
-* its *neural path value* (NPV) is the product of the weights along it, ``v_p = prod_l W_l[p_l, p_{l-1}]``;
-
+:cite:`lakshminarayanan2022explicitising`: the *activity* of a path is the product of the gates along
+it, ``A(x, p) = prod_l G_l(x)[p_l]``; its *neural path feature* (NPF) is ``phi(x)_p = x[p_0] * A(x, p)``;
+its *neural path value* (NPV) is the product of the weights along it, ``v_p = prod_l W_l[p_l, p_{l-1}]``;
 and the network's output is ``f(x) = <phi(x), v>`` (Eq. 1 there; Eq. 17-19 of
-:cite:`satkiewicz2025tapping`).
+:cite:`satkiewicz2025tapping`). With soft gates ``sigmoid(q / temperature)`` in place of ``G`` (a
+``temperature`` argument, 0 = hard gates) the same inner product gives the soft-gated network (Eq. 18-20).
 
 **Biases** are handled with the augmented-input convention of :cite:`satkiewicz2025tapping`
 (Section 2.1): every layer's input gets an extra constant unit equal to 1 whose gate is always on,
@@ -19,9 +17,9 @@ biases are *bias paths*. Paths that would go from an ordinary unit back to a con
 value 0 and are left out, so ``P`` counts the paths that exist in the network:
 ``P = d_0 w_1 ... w_{L-1}`` input paths plus one family of bias paths per layer with a bias.
 
-The explicit enumeration is for small networks (teaching and testing): ``P`` grows like the
-product of the widths. :func:`count_paths` counts paths of any supported network (convolutions
-and pooling included) without enumerating them.
+The explicit enumeration is for small networks (teaching and testing): ``P`` grows like the product of
+the widths. :func:`count_paths` counts paths of any supported network (convolutions and pooling
+included) without enumerating them, running a unit-weight copy under :func:`dualview.gates.instrument`.
 """
 from __future__ import annotations
 
@@ -29,27 +27,20 @@ import copy
 import itertools
 import math
 from dataclasses import dataclass
+from typing import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.utils import _pair
 
-from dualview.gates import POOL_GATE_LAYERS, instrument, record_gates
+from dualview.gates import POOL_GATE_LAYERS, ImposeGates, instrument, record_gates
+from dualview.surrogates import check_temperature, soft_gates
 
 __all__ = [
-    "fc_layers",
-    "path_index",
-    "path_activity",
-    "neural_path_features",
-    "neural_path_values",
-    "neural_path_features_reference",
-    "neural_path_values_reference",
-    "fc_path_count",
-    "conv_path_count",
-    "resnet_path_count",
-    "parameter_count",
-    "PathCount",
-    "count_paths",
+    "fc_layers", "path_index", "path_activity", "neural_path_features", "neural_path_values",
+    "neural_path_features_reference", "neural_path_values_reference",
+    "fc_path_count", "conv_path_count", "resnet_path_count", "parameter_count", "PathCount", "count_paths",
 ]
 
 
@@ -60,10 +51,8 @@ def fc_layers(model: nn.Module) -> list[nn.Linear]:
     defined here for fully connected networks only (use :func:`count_paths` for convolutional ones).
     """
     if not isinstance(model, nn.Sequential):
-        raise TypeError(
-            f"explicit path enumeration needs an nn.Sequential of Linear and ReLU layers, got "
-            f"{type(model).__name__}; for other architectures use dualview.paths.count_paths"
-        )
+        raise TypeError(f"explicit path enumeration needs an nn.Sequential of Linear and ReLU layers, got "
+                        f"{type(model).__name__}; for other architectures use dualview.paths.count_paths")
     mods = list(model.named_children())
     if mods and isinstance(mods[0][1], nn.Flatten):
         mods = mods[1:]
@@ -71,19 +60,13 @@ def fc_layers(model: nn.Module) -> list[nn.Linear]:
     for i, (name, m) in enumerate(mods):
         want = nn.Linear if i % 2 == 0 else nn.ReLU
         if not isinstance(m, want):
-            raise TypeError(
-                f"layer '{name}' is {type(m).__name__}, expected {want.__name__}: explicit path "
-                "enumeration supports Sequential([Flatten], Linear, ReLU, Linear, ..., Linear)"
-            )
+            raise TypeError(f"layer '{name}' is {type(m).__name__}, expected {want.__name__}: explicit path "
+                            "enumeration supports Sequential([Flatten], Linear, ReLU, Linear, ..., Linear)")
         if isinstance(m, nn.Linear):
             linears.append(m)
     if not linears or len(mods) % 2 == 0:
         raise TypeError("the network must start and end with an nn.Linear layer")
     return linears
-
-
-def _has_bias(layers: list[nn.Linear]) -> list[bool]:
-    return [lin.bias is not None for lin in layers]
 
 
 def _augmented_weights(layers: list[nn.Linear], dtype: torch.dtype) -> list[Tensor]:
@@ -93,10 +76,8 @@ def _augmented_weights(layers: list[nn.Linear], dtype: torch.dtype) -> list[Tens
         W = lin.weight.detach().to(dtype)
         b = lin.bias.detach().to(dtype) if lin.bias is not None else W.new_zeros(W.shape[0])
         Wt = torch.cat([W, b[:, None]], dim=1)
-        if k < len(layers) - 1:
-            last = W.new_zeros(1, W.shape[1] + 1)
-            last[0, -1] = 1.0
-            Wt = torch.cat([Wt, last], dim=0)
+        if k < len(layers) - 1:  # the constant unit's row: it passes its 1 on
+            Wt = torch.cat([Wt, F.one_hot(torch.tensor([W.shape[1]]), W.shape[1] + 1).to(Wt)], dim=0)
         out.append(Wt)
     return out
 
@@ -104,26 +85,17 @@ def _augmented_weights(layers: list[nn.Linear], dtype: torch.dtype) -> list[Tens
 def _valid_path_mask(layers: list[nn.Linear]) -> Tensor:
     """Bool mask over the augmented path grid ``(a_0, ..., a_{L-1})`` of the paths that exist."""
     sizes = [layers[0].in_features + 1] + [lin.out_features + 1 for lin in layers[:-1]]
-    bias = _has_bias(layers)
-    # c_l = 1 if the path sits on the constant unit of layer l. A path exists iff c is
-    # non-increasing (it never re-enters a constant unit) and the bias it uses exists: a path whose
-    # last constant unit is at layer j uses the bias of layer j + 1.
-    mask = torch.ones(sizes, dtype=torch.bool)
     L = len(sizes)
-    consts = []
-    for l, a in enumerate(sizes):
-        shape = [1] * L
-        shape[l] = a
-        c = torch.zeros(a, dtype=torch.bool)
-        c[-1] = True
-        consts.append(c.view(shape))
+    # const[l]: the path sits on the constant unit of layer l. A path exists iff it never steps from an
+    # ordinary unit to a constant unit and the bias it carries exists: a path whose last constant unit
+    # is at layer j carries the bias of layer j + 1.
+    const = [(torch.arange(a) == a - 1).view([a if k == l else 1 for k in range(L)]) for l, a in enumerate(sizes)]
+    mask = torch.ones(sizes, dtype=torch.bool)
     for l in range(1, L):
-        mask &= ~(consts[l] & ~consts[l - 1])  # no step from an ordinary unit to a constant unit
-    for j in range(L):  # last constant unit at layer j -> bias of layer j + 1 must exist
-        nxt = ~consts[j + 1] if j + 1 < L else torch.ones((), dtype=torch.bool)
-        uses_bias_j = consts[j] & nxt
-        if not bias[j]:
-            mask &= ~uses_bias_j
+        mask &= ~(const[l] & ~const[l - 1])
+    for j, lin in enumerate(layers):
+        if lin.bias is None:
+            mask &= ~(const[j] & (~const[j + 1] if j + 1 < L else True))
     return mask.flatten()
 
 
@@ -142,7 +114,7 @@ def path_index(model: nn.Module) -> Tensor:
     return idx[_valid_path_mask(layers)]
 
 
-def _augmented_gates(model: nn.Module, x: Tensor) -> tuple[list[nn.Linear], list[Tensor]]:
+def _augmented_gates(model: nn.Module, x: Tensor, temperature: float) -> tuple[list[nn.Linear], list[Tensor]]:
     layers = fc_layers(model)
     x = x.flatten(1)
     if x.shape[1] != layers[0].in_features:
@@ -151,7 +123,7 @@ def _augmented_gates(model: nn.Module, x: Tensor) -> tuple[list[nn.Linear], list
         )
     rec = record_gates(model, x)
     ones = x.new_ones(x.shape[0], 1)
-    gates = [torch.cat([g.to(x.dtype), ones], dim=1) for g in rec.gates.values()]
+    gates = [torch.cat([g.to(x.dtype), ones], dim=1) for g in soft_gates(rec.preactivations, temperature).values()]
     return layers, [torch.cat([x, ones], dim=1)] + gates
 
 
@@ -163,22 +135,30 @@ def _outer(vectors: list[Tensor]) -> Tensor:
     return t.flatten(1)
 
 
-def path_activity(model: nn.Module, x: Tensor) -> Tensor:
-    """``A(x, p)``: for each input and path, whether every gate along the path is on. ``(N, P)`` bool."""
-    with torch.no_grad():
-        layers, vecs = _augmented_gates(model, x)
-        ones = torch.ones_like(vecs[0])
-        act = _outer([ones] + vecs[1:])
-    return act[:, _valid_path_mask(layers)].bool()
+def path_activity(model: nn.Module, x: Tensor, temperature: float = 0.0) -> Tensor:
+    """``A(x, p)``: for each input and path, the product of the gates along it, ``(N, P)``.
 
-
-def neural_path_features(model: nn.Module, x: Tensor) -> Tensor:
-    """``phi(x)``: ``(N, P)``, ``phi(x)_p = x~[p_0] * A(x, p)`` (Definition E.1; Eq. 18 of the pullbacks paper).
-
-    ``x~ = (x, 1)`` is the augmented input. Compute in float64 (``x.double()``) for exact checks.
+    ``temperature = 0``: the hard gates, so ``A`` says whether every gate on the path is on (bool).
+    ``temperature > 0``: the soft gates ``sigmoid(q / temperature)`` of the excitation function, so
+    ``A_tau(x, p) = prod_l sigmoid(z_l(x)[p_l] / temperature)`` (floats; Eq. 13-15 of
+    :cite:`satkiewicz2025tapping`). Constant (bias) units have gate 1.
     """
     with torch.no_grad():
-        layers, vecs = _augmented_gates(model, x)
+        layers, vecs = _augmented_gates(model, x, temperature)
+        act = _outer([torch.ones_like(vecs[0])] + vecs[1:])[:, _valid_path_mask(layers)]
+    return act.bool() if temperature == 0 else act
+
+
+def neural_path_features(model: nn.Module, x: Tensor, temperature: float = 0.0) -> Tensor:
+    """``phi(x)``: ``(N, P)``, ``phi(x)_p = x~[p_0] * A(x, p)`` (Definition E.1; Eq. 18 of the pullbacks paper).
+
+    ``x~ = (x, 1)`` is the augmented input. With ``temperature > 0`` the gates are soft
+    (:func:`path_activity`), and ``phi_tau(x) @ neural_path_values(model)`` is the output of the
+    soft-gated network (Eq. 19-20 of :cite:`satkiewicz2025tapping`). Compute in float64
+    (``x.double()``) for exact checks.
+    """
+    with torch.no_grad():
+        layers, vecs = _augmented_gates(model, x, temperature)
         phi = _outer(vecs)
     return phi[:, _valid_path_mask(layers)]
 
@@ -204,42 +184,40 @@ def neural_path_values(model: nn.Module, dtype: torch.dtype = torch.float64) -> 
 def _reference_paths(layers: list[nn.Linear]) -> list[tuple[int, ...]]:
     """All existing paths, by walking the network: returns unit tuples (constant unit = width)."""
     widths = [layers[0].in_features] + [lin.out_features for lin in layers[:-1]]
-    bias = _has_bias(layers)
+    bias = [lin.bias is not None for lin in layers]
     paths = []
     for p in itertools.product(*[range(w + 1) for w in widths]):
-        ok = True
-        for l in range(len(p)):
-            const = p[l] == widths[l]
-            if l > 0 and const and p[l - 1] != widths[l - 1]:
-                ok = False  # an ordinary unit has no edge into a constant unit
-            next_ordinary = l + 1 == len(p) or p[l + 1] != widths[l + 1]
-            if const and next_ordinary and not bias[l]:
-                ok = False  # the bias this path would carry does not exist
-        if ok:
+        const = [p[l] == widths[l] for l in range(len(p))]
+        # an ordinary unit has no edge into a constant unit
+        reenters = any(const[l] and not const[l - 1] for l in range(1, len(p)))
+        # the bias a path carries (that of the layer after its last constant unit) must exist
+        no_bias = any(const[l] and (l + 1 == len(p) or not const[l + 1]) and not bias[l] for l in range(len(p)))
+        if not (reenters or no_bias):
             paths.append(p)
     return paths
 
 
-def neural_path_features_reference(model: nn.Module, x: Tensor) -> Tensor:
-    """Reference for :func:`neural_path_features`: a loop over samples and paths."""
+def neural_path_features_reference(model: nn.Module, x: Tensor, temperature: float = 0.0) -> Tensor:
+    """Reference for :func:`neural_path_features`: a forward pass written out layer by layer, then a
+    loop over samples, paths and layers."""
+    t = check_temperature(temperature)
     layers = fc_layers(model)
     widths = [layers[0].in_features] + [lin.out_features for lin in layers[:-1]]
     paths = _reference_paths(layers)
     out = torch.zeros(x.shape[0], len(paths), dtype=x.dtype)
     with torch.no_grad():
         for n in range(x.shape[0]):
-            # forward pass written out layer by layer
             z = x[n].flatten()
             gates = []
             for lin in layers[:-1]:
                 q = lin(z)
-                gates.append([bool(v > 0) for v in q])
+                gates.append([float(v > 0) if t == 0 else float(torch.sigmoid(v / t)) for v in q])
                 z = torch.relu(q)
             for k, p in enumerate(paths):
                 feat = 1.0 if p[0] == widths[0] else float(x[n].flatten()[p[0]])
                 for l in range(1, len(p)):
-                    if p[l] != widths[l] and not gates[l - 1][p[l]]:
-                        feat = 0.0
+                    if p[l] != widths[l]:  # constant units have gate 1
+                        feat *= gates[l - 1][p[l]]
                 out[n, k] = feat
     return out
 
@@ -286,16 +264,7 @@ def fc_path_count(widths: list[int], bias: bool | list[bool] = False) -> int:
     flags = [bias] * L if isinstance(bias, bool) else list(bias)
     if len(flags) != L:
         raise ValueError(f"bias needs one flag per layer ({L}), got {len(flags)}")
-    total = 1
-    for w in widths:
-        total *= w
-    for l in range(1, L + 1):
-        if flags[l - 1]:
-            prod = 1
-            for w in widths[l:]:
-                prod *= w
-            total += prod
-    return total
+    return math.prod(widths) + sum(math.prod(widths[l:]) for l in range(1, L + 1) if flags[l - 1])
 
 
 def conv_path_count(positions: int, kernel_taps: int, channels: list[int], fc_widths: list[int] = (),
@@ -353,6 +322,35 @@ class PathCount:
         return self.active / self.total
 
 
+def _window_sum(pool: nn.Module, x: Tensor, name: str) -> Tensor:
+    """Each window's sum under an average or max-pool's geometry: every input of a window passes (unit weights)."""
+    if getattr(pool, "dilation", 1) not in (1, (1, 1)):
+        raise ValueError(f"count_paths: dilated max-pool '{name}' is not supported")
+    fn = F.avg_pool1d if x.dim() == 3 else F.avg_pool2d
+    return fn(x, pool.kernel_size, pool.stride, pool.padding, ceil_mode=pool.ceil_mode,
+              count_include_pad=True) * math.prod(_pair(pool.kernel_size)[: x.dim() - 2])
+
+
+class _SumPool(nn.Module):
+    """The unit-weight version of an average pool: each window's sum."""
+
+    linear_layer = True
+
+    def __init__(self, pool: nn.Module, name: str) -> None:
+        super().__init__()
+        self.pool, self.name = pool, name
+
+    def forward(self, x: Tensor) -> Tensor:
+        if isinstance(self.pool, (nn.AvgPool1d, nn.AvgPool2d)):
+            return _window_sum(self.pool, x, self.name)
+        out = self.pool(x)
+        ins, outs = x.shape[2:], out.shape[2:]
+        if any(i % o for i, o in zip(ins, outs)):
+            raise ValueError(f"count_paths: adaptive pooling '{self.name}' maps {tuple(ins)} to {tuple(outs)} "
+                             "with unequal windows; path counts need equal windows")
+        return out * math.prod(i // o for i, o in zip(ins, outs))
+
+
 def _unit_network(model: nn.Module) -> nn.Module:
     """A float64 copy of ``model`` in which every edge has weight 1 and there are no biases.
 
@@ -360,53 +358,33 @@ def _unit_network(model: nn.Module) -> nn.Module:
     input that reach it.
     """
     unit = copy.deepcopy(model).double().eval()
-    for name, m in unit.named_modules():
-        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
-            with torch.no_grad():
-                m.weight.fill_(1.0)
+    for name, m in list(unit.named_modules()):
+        replacement = None
+        with torch.no_grad():
+            if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d)):
+                if m.weight is not None:
+                    m.weight.fill_(1.0)
                 if m.bias is not None:
                     m.bias.zero_()
-        elif isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
-            with torch.no_grad():
-                if m.affine:
-                    m.weight.fill_(1.0)
-                    m.bias.zero_()
-                m.running_mean.zero_()
-                m.running_var.fill_(1.0)
-            m.eps = 0.0
-        elif isinstance(m, (nn.AvgPool1d, nn.AvgPool2d)):
-            k = m.kernel_size if isinstance(m.kernel_size, tuple) else (m.kernel_size,) * (
-                1 if isinstance(m, nn.AvgPool1d) else 2)
-            area = 1
-            for s in k:
-                area *= s
-            m.register_forward_hook(lambda mod, a, out, area=area: out * area)
-        elif isinstance(m, (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
-            def hook(mod, args, out, name=name):
-                ins, outs = args[0].shape[2:], out.shape[2:]
-                if any(i % o for i, o in zip(ins, outs)):
-                    raise ValueError(
-                        f"count_paths: adaptive pooling '{name}' maps {tuple(ins)} to {tuple(outs)} "
-                        "with unequal windows; path counts need equal windows"
-                    )
-                area = 1
-                for i, o in zip(ins, outs):
-                    area *= i // o
-                return out * area
-            m.register_forward_hook(hook)
-        elif (not list(m.children())) and not isinstance(
-            m, (nn.ReLU, nn.Flatten, nn.Identity, nn.Dropout, nn.Sequential, nn.ModuleList, nn.ModuleDict)
-            + POOL_GATE_LAYERS
-        ):
-            rule = _UNIT_RULES.get(type(m)) or getattr(type(m), "unit_weights", None)
-            if rule is None:
-                raise TypeError(
-                    f"count_paths does not know how paths cross layer '{name}' ({type(m).__name__}); "
-                    "give its class a unit_weights() method, or register its unit-weight version with "
-                    "dualview.paths.register_unit_rule"
-                )
+                if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                    m.running_mean.zero_()
+                    m.running_var.fill_(1.0)
+                    m.eps = 0.0
+            elif isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
+                replacement = _SumPool(m, name)
+            elif not list(m.children()) and not isinstance(m, (nn.ReLU, nn.Flatten, nn.Identity, nn.Dropout,
+                                                               nn.Sequential, nn.ModuleList, nn.ModuleDict)
+                                                              + POOL_GATE_LAYERS):
+                rule = _UNIT_RULES.get(type(m)) or getattr(type(m), "unit_weights", None)
+                if rule is None:
+                    raise TypeError(
+                        f"count_paths does not know how paths cross layer '{name}' ({type(m).__name__}); "
+                        "give its class a unit_weights() method, or register its unit-weight version with "
+                        "dualview.paths.register_unit_rule")
+                replacement = rule(m)
+        if replacement is not None:
             parent, _, child = name.rpartition(".")
-            setattr(unit.get_submodule(parent) if parent else unit, child, rule(m))
+            setattr(unit.get_submodule(parent) if parent else unit, child, replacement)
     return unit
 
 
@@ -424,6 +402,24 @@ def register_unit_rule(cls: type[nn.Module], rule) -> None:
     _UNIT_RULES[cls] = rule
 
 
+class _PathFlow(ImposeGates):
+    """On a unit-weight network: impose the gates and winners of an input (or, with none given, let every
+    gate and every input of a max-pool window pass), and sum each ReLU call's output."""
+
+    def __init__(self, gates: Mapping[str, Tensor] | None, pool_indices: Mapping[str, Tensor] | None) -> None:
+        super().__init__(gates or {}, pool_indices)
+        self.all_on = gates is None
+        self.sums: dict[str, Tensor] = {}
+
+    def relu(self, site, module, q):
+        z = q if self.all_on else super().relu(site, module, q)
+        self.sums[site] = z.flatten(1).sum(1)
+        return z
+
+    def max_pool(self, site, module, x, out):
+        return _window_sum(module, x, site) if self.all_on else super().max_pool(site, module, x, out)
+
+
 def count_paths(model: nn.Module, x: Tensor | None = None, input_shape: tuple[int, ...] | None = None,
                 batch_size: int = 250) -> PathCount:
     """Count the paths of any supported network, and the active ones for inputs ``x``, without enumerating them.
@@ -437,48 +433,21 @@ def count_paths(model: nn.Module, x: Tensor | None = None, input_shape: tuple[in
     if x is None and input_shape is None:
         raise ValueError("give the inputs x or the input_shape of one input")
     shape = tuple(x.shape[1:]) if x is not None else tuple(input_shape)
-    unit = _unit_network(model)
-    ones = torch.ones((1, *shape), dtype=torch.float64)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    unit = unit.to(device)
-    ones = ones.to(device)
+    unit = _unit_network(model).to(device)
+    ones = torch.ones((1, *shape), dtype=torch.float64, device=device)
 
-    def run(gates=None, pools=None, n=1):
-        sums: dict[str, Tensor] = {}
-
-        def on_gate(name, module, q):
-            z = q if gates is None else q * gates[name].to(q.dtype)
-            sums[name] = z.flatten(1).sum(1)
-            return z
-
-        def on_pool(name, module, inp, out):
-            if pools is None:  # every window passes all of its inputs: a sum pool
-                fn = F.avg_pool1d if inp.dim() == 3 else F.avg_pool2d
-                if module.dilation not in (1, (1, 1)):
-                    raise ValueError(f"count_paths: dilated max-pool '{name}' is not supported")
-                k = module.kernel_size
-                area = k if isinstance(k, int) else k[0] * k[1]
-                if inp.dim() == 4 and isinstance(k, int):
-                    area = k * k
-                return fn(inp, module.kernel_size, module.stride, module.padding,
-                          ceil_mode=module.ceil_mode, count_include_pad=True) * area
-            return inp.flatten(2).gather(2, pools[name].flatten(2)).view(out.shape)
-
-        with torch.no_grad(), instrument(unit, on_gate, on_pool):
-            out = unit(ones.expand(n, *shape))
-        sums["output"] = out.flatten(1).sum(1)
-        return sums
+    def run(gates=None, pools=None, n=1) -> dict[str, Tensor]:  # paths reaching each layer, per input
+        flow = _PathFlow(gates, pools)
+        with torch.no_grad(), instrument(unit, flow):
+            flow.sums["output"] = unit(ones.expand(n, *shape)).flatten(1).sum(1)
+        return flow.sums
 
     totals = run()
-    names = list(totals)
-    total = torch.stack([totals[k][0] for k in names]).cpu()
     active = None
     if x is not None:
-        rows = []
         with torch.no_grad():
-            for chunk in x.split(batch_size):
-                rec = record_gates(model, chunk)
-                counts = run(rec.gates, rec.pool_indices, n=chunk.shape[0])
-                rows.append(torch.stack([counts[k] for k in names], dim=1).cpu())
-        active = torch.cat(rows)
-    return PathCount(layers=names, total=total, active=active)
+            recs = (record_gates(model, chunk) for chunk in x.split(batch_size))  # one chunk at a time
+            active = torch.cat([torch.stack(list(run(r.gates, r.pool_indices, len(r.output)).values()), 1).cpu()
+                                for r in recs])
+    return PathCount(layers=list(totals), total=torch.stack([t[0] for t in totals.values()]).cpu(), active=active)

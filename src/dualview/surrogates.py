@@ -1,0 +1,244 @@
+"""Soft gates and the surrogate backward pass of excitation pullbacks.
+
+A ReLU's gate is ``1{q > 0}``; its *soft gate* at temperature ``tau`` is ``sigmoid(q / tau)``
+(the excitation function of Hypothesis 1 of :cite:`satkiewicz2025tapping`; ``tau = 0`` is the hard
+gate). The excitation pullback is an ordinary backward pass in which every ReLU's derivative
+``1{q > 0}`` is replaced by its soft gate (Listing 1 there) and every max-pool's derivative by that of
+softmax pooling at the same temperature (Listing 2), the forward pass being unchanged.
+
+This module holds those pieces: :func:`soft_gates`, :func:`surrogate_relu`, :func:`soft_max_pool` and
+:func:`surrogate_max_pool` as functions, and :class:`SurrogateBackward`, the
+:class:`dualview.gates.Rule` that installs them on every ReLU and max-pool of a model inside
+:func:`dualview.gates.instrument` (:func:`dualview.pullbacks.excitation_backward` uses it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+from torch.nn.modules.utils import _pair
+
+from dualview.gates import Rule
+
+__all__ = ["check_temperature", "soft_gates", "surrogate_relu", "soft_max_pool", "surrogate_max_pool",
+           "SurrogateBackward"]
+
+
+def check_temperature(temperature: float, what: str = "temperature") -> float:
+    """A temperature is a finite number ``>= 0`` (0: the hard gate); returns it as a float, or raises ``ValueError``."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0 \
+            or math.isinf(temperature):
+        raise ValueError(
+            f"{what} must be a finite number >= 0 (0 = the hard gate, i.e. the plain gradient), got {temperature!r}"
+        )
+    return float(temperature)
+
+
+def soft_gates(preactivations: Mapping[str, Tensor], temperature: float) -> dict[str, Tensor]:
+    """``sigmoid(q / temperature)`` for every pre-activation ``q`` (Hypothesis 1, comment 5, of
+    :cite:`satkiewicz2025tapping`); ``temperature = 0`` gives the hard gates ``q > 0`` as floats."""
+    t = check_temperature(temperature)
+    if t == 0:
+        return {k: (q > 0).to(q.dtype) for k, q in preactivations.items()}
+    return {k: torch.sigmoid(q / t) for k, q in preactivations.items()}
+
+
+# --------------------------------------------------------------------------------------------------
+# Surrogate ReLU (Listing 1)
+
+
+class _SurrogateReLU(torch.autograd.Function):
+    """Forward ``relu(z)``; backward multiplies the incoming gradient by ``sigmoid(z / tau)``."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, temperature: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(z)
+        ctx.temperature = temperature
+        return F.relu(z)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+        (z,) = ctx.saved_tensors
+        t = ctx.temperature
+        if t == 0:
+            return torch.ops.aten.threshold_backward(grad_output, z, 0), None
+        return z.mul(1.0 / t).sigmoid_().mul_(grad_output), None  # in place: no extra allocations
+
+
+def surrogate_relu(z: Tensor, temperature: float) -> Tensor:
+    """``relu(z)`` whose derivative is ``sigmoid(z / temperature)`` (Listing 1 of :cite:`satkiewicz2025tapping`).
+
+    ``temperature = 0`` gives the hard gate ``1{z > 0}``, i.e. the ordinary ReLU gradient.
+    """
+    return _SurrogateReLU.apply(z, check_temperature(temperature))
+
+
+# --------------------------------------------------------------------------------------------------
+# Soft max-pooling (Listing 2)
+
+
+@dataclass(frozen=True)
+class _PoolSpec:
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ceil_mode: bool
+    one_d: bool
+
+    @staticmethod
+    def of(kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, one_d=False) -> "_PoolSpec":
+        stride = kernel_size if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) else stride
+        if one_d:
+            as_pair = lambda v: (1, int(v[0] if isinstance(v, (tuple, list)) else v))  # noqa: E731
+            pad = (0, int(padding[0] if isinstance(padding, (tuple, list)) else padding))
+            return _PoolSpec(as_pair(kernel_size), as_pair(stride), pad, as_pair(dilation), bool(ceil_mode), True)
+        return _PoolSpec(_pair(kernel_size), _pair(stride), _pair(padding), _pair(dilation), bool(ceil_mode), False)
+
+    @staticmethod
+    def of_module(m: nn.Module) -> "_PoolSpec":
+        return _PoolSpec.of(m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode,
+                            one_d=isinstance(m, nn.MaxPool1d))
+
+    def out_size(self, size: int, i: int) -> tuple[int, int]:
+        """Output length along axis ``i`` and the extra right padding that ceil_mode needs."""
+        k, s, p, d = self.kernel[i], self.stride[i], self.padding[i], self.dilation[i]
+        span = d * (k - 1) + 1
+        out = (size + 2 * p - span + ((s - 1) if self.ceil_mode else 0)) // s + 1
+        if self.ceil_mode and (out - 1) * s >= size + p:
+            out -= 1
+        extra = max(0, (out - 1) * s + span - (size + 2 * p))
+        return out, extra
+
+
+def _as_2d(x: Tensor, spec: _PoolSpec) -> Tensor:
+    if spec.one_d:
+        if x.dim() not in (2, 3):
+            raise ValueError(f"max_pool1d expects (N, C, L) or (C, L), got shape {tuple(x.shape)}")
+        return x.unsqueeze(-2)
+    if x.dim() not in (3, 4):
+        raise ValueError(f"max_pool2d expects (N, C, H, W) or (C, H, W), got shape {tuple(x.shape)}")
+    return x
+
+
+def _windows(x4: Tensor, spec: _PoolSpec) -> tuple[Tensor, Tensor, tuple[int, int], tuple[int, int]]:
+    """Pooling windows of a 3-/4-d input: values ``(B, K, L)``, validity mask ``(1, K, L)``, out and padded sizes.
+
+    Padded positions hold 0 and are masked out (max-pooling pads with -inf: they never win).
+    """
+    H, W = x4.shape[-2:]
+    oh, eh = spec.out_size(H, 0)
+    ow, ew = spec.out_size(W, 1)
+    (ph, pw) = spec.padding
+    pads = (pw, pw + ew, ph, ph + eh)
+    flat = x4.reshape(-1, 1, H, W)
+    kw = dict(kernel_size=spec.kernel, dilation=spec.dilation, stride=spec.stride)
+    vals = F.unfold(F.pad(flat, pads), **kw)
+    mask = F.unfold(F.pad(flat.new_ones(1, 1, H, W), pads), **kw) > 0
+    return vals, mask, (oh, ow), (H + 2 * ph + eh, W + 2 * pw + ew)
+
+
+def soft_max_pool(
+    x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, *,
+    temperature: float, one_d: bool = False,
+) -> Tensor:
+    """Softmax pooling: each window outputs ``sum_i x_i softmax(x / temperature)_i`` (Listing 2).
+
+    Same window geometry as ``F.max_pool2d`` (``one_d=True``: ``F.max_pool1d``); padded positions
+    are excluded (weight 0), where Listing 2 would pool the zeros of its padding. Differentiable by
+    autograd; tends to max-pooling as ``temperature -> 0``.
+    """
+    t = check_temperature(temperature)
+    if t == 0:
+        raise ValueError("soft_max_pool needs temperature > 0 (temperature 0 is max-pooling itself)")
+    spec = _PoolSpec.of(kernel_size, stride, padding, dilation, ceil_mode, one_d)
+    x4 = _as_2d(x, spec)
+    vals, mask, (oh, ow), _ = _windows(x4, spec)
+    weights = torch.softmax((vals / t).masked_fill(~mask, float("-inf")), dim=1)
+    pooled = (vals * weights).sum(1)
+    out = pooled.view(*x4.shape[:-2], oh, ow)
+    return out.squeeze(-2) if spec.one_d else out
+
+
+class _SurrogateMaxPool(torch.autograd.Function):
+    """Forward: max-pooling. Backward: the gradient of :func:`soft_max_pool` (closed form)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, spec: _PoolSpec, temperature: float) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x)
+        ctx.spec, ctx.temperature = spec, temperature
+        x4 = _as_2d(x, spec)
+        out = torch.ops.aten.max_pool2d(x4, list(spec.kernel), list(spec.stride), list(spec.padding),
+                                         list(spec.dilation), spec.ceil_mode)
+        return out.squeeze(-2) if spec.one_d else out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+        (x,) = ctx.saved_tensors
+        spec, t = ctx.spec, ctx.temperature
+        x4 = _as_2d(x, spec)
+        vals, mask, (oh, ow), padded = _windows(x4, spec)
+        w = torch.softmax((vals / t).masked_fill(~mask, float("-inf")), dim=1)
+        pooled = (vals * w).sum(1, keepdim=True)
+        g = grad_output.reshape(vals.shape[0], 1, -1)
+        # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - pooled) / t)
+        gv = g * w * (1 + (vals - pooled) / t)
+        gx = F.fold(gv, padded, kernel_size=spec.kernel, dilation=spec.dilation, stride=spec.stride)
+        (ph, pw), (H, W) = spec.padding, x4.shape[-2:]
+        gx = gx[..., ph:ph + H, pw:pw + W].reshape(x.shape)
+        return gx, None, None
+
+
+def surrogate_max_pool(
+    x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, *,
+    temperature: float, one_d: bool = False,
+) -> Tensor:
+    """Max-pooling forward, softmax-pooling backward (straight-through; Section 5.3 and Listing 2).
+
+    ``temperature = 0`` is plain max-pooling (forward and backward).
+    """
+    t = check_temperature(temperature)
+    if t == 0:
+        fn = F.max_pool1d if one_d else F.max_pool2d
+        return fn(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode)
+    spec = _PoolSpec.of(kernel_size, stride, padding, dilation, ceil_mode, one_d)
+    return _SurrogateMaxPool.apply(x, spec, t)
+
+
+# --------------------------------------------------------------------------------------------------
+# The rule
+
+
+class SurrogateBackward(Rule):
+    """The rule of excitation pullbacks (Section 5.2-5.3 of :cite:`satkiewicz2025tapping`): forward
+    unchanged; every ReLU's derivative becomes ``sigmoid(q / temperature)`` (ReLUs a ``forward`` applies as
+    functions included) and every max-pool's that of softmax pooling at ``pool_temperature`` (default:
+    ``temperature``; 0 keeps max-pools hard). Counts the calls it patched.
+    """
+
+    def __init__(self, temperature: float, pool_temperature: float | None = None) -> None:
+        self.temperature = check_temperature(temperature)
+        self.pool_temperature = self.temperature if pool_temperature is None else \
+            check_temperature(pool_temperature, "pool_temperature")
+        self.relu_calls = self.pool_calls = self.functional_relu_calls = 0
+
+    def relu(self, site, module, q):
+        self.relu_calls += 1
+        return _SurrogateReLU.apply(q, self.temperature)
+
+    def max_pool(self, site, module, x, out):
+        self.pool_calls += 1
+        if self.pool_temperature == 0:
+            return None
+        return _SurrogateMaxPool.apply(x, _PoolSpec.of_module(module), self.pool_temperature)
+
+    def functional_relu(self, where, q):
+        self.functional_relu_calls += 1
+        return _SurrogateReLU.apply(q, self.temperature)

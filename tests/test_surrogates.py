@@ -1,0 +1,96 @@
+"""Tests of dualview.surrogates: soft gates, the surrogate ReLU and soft max-pooling against autograd and
+closed forms, and the SurrogateBackward rule inside gates.instrument."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from dualview import gates, surrogates
+
+
+@settings(max_examples=40, deadline=None)
+@given(k=st.integers(1, 4), s=st.integers(1, 3), p=st.integers(0, 2), d=st.integers(1, 2),
+       ceil=st.booleans(), h=st.integers(6, 11), w=st.integers(6, 11), tau=st.floats(0.05, 3.0),
+       seed=st.integers(0, 1000))
+def test_soft_pool_backward_is_gradient_of_softmax_pooling(k, s, p, d, ceil, h, w, tau, seed):
+    assume(p <= k // 2)  # torch requires padding <= kernel / 2
+    assume(d * (k - 1) + 1 <= min(h, w) + 2 * p)  # at least one window
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(2, 3, h, w, dtype=torch.float64, generator=gen, requires_grad=True)
+    kw = dict(kernel_size=k, stride=s, padding=p, dilation=d, ceil_mode=ceil)
+    hard = F.max_pool2d(x, **kw)
+    sur = surrogates.surrogate_max_pool(x, **kw, temperature=tau)
+    soft = surrogates.soft_max_pool(x, **kw, temperature=tau)
+    assert torch.equal(sur, hard)  # forward: max-pooling
+    assert soft.shape == hard.shape
+    g = torch.randn(hard.shape, dtype=torch.float64, generator=gen)
+    (a,) = torch.autograd.grad(sur, x, g)
+    (b,) = torch.autograd.grad(soft, x, g)
+    assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)  # backward: softmax pooling's gradient
+
+
+def test_soft_pool_reference_values_and_limits():
+    x = torch.tensor([[[[1.0, 2.0], [0.0, -1.0]]]], dtype=torch.float64)
+    tau = 0.5
+    w = torch.softmax(x.flatten() / tau, 0)
+    assert torch.allclose(surrogates.soft_max_pool(x, 2, temperature=tau).flatten(), (w * x.flatten()).sum())
+    assert torch.allclose(surrogates.soft_max_pool(x, 2, temperature=1e-3), F.max_pool2d(x, 2))
+    # padding is excluded, not pooled as zeros: an all-negative window stays negative
+    neg = -torch.ones(1, 1, 3, 3, dtype=torch.float64)
+    assert torch.allclose(surrogates.soft_max_pool(neg, 3, stride=1, padding=1, temperature=0.3), -torch.ones_like(neg))
+
+
+@settings(max_examples=20, deadline=None)
+@given(tau=st.floats(0.05, 3.0), seed=st.integers(0, 1000))
+def test_surrogate_relu_forward_is_relu_and_backward_is_the_soft_gate(tau, seed):
+    z = torch.randn(40, dtype=torch.float64, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    out = surrogates.surrogate_relu(z, tau)
+    assert torch.equal(out, torch.relu(z))
+    (g,) = torch.autograd.grad(out.sum(), z)
+    assert torch.allclose(g, 1 / (1 + torch.exp(-z.detach() / tau)), rtol=1e-12, atol=0)  # sigmoid by hand
+    (g0,) = torch.autograd.grad(surrogates.surrogate_relu(z, 0).sum(), z)
+    assert torch.equal(g0, (z > 0).double())  # temperature 0: the hard gate
+
+
+def test_soft_gates():
+    q = {"a": torch.tensor([-1.0, 0.0, 2.0], dtype=torch.float64)}
+    assert torch.equal(surrogates.soft_gates(q, 0)["a"], torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64))
+    expected = torch.tensor([1 / (1 + 2.718281828459045 ** 2), 0.5, 1 / (1 + 2.718281828459045 ** -4)],
+                            dtype=torch.float64)
+    assert torch.allclose(surrogates.soft_gates(q, 0.5)["a"], expected, rtol=1e-12, atol=0)
+
+
+def test_rule_counts_and_leaves_the_forward_unchanged():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(inplace=True), nn.MaxPool2d(2), nn.Flatten(),
+                        nn.Linear(18, 3)).double().eval()
+    x = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    rule = surrogates.SurrogateBackward(0.3, pool_temperature=0)
+    with torch.no_grad():
+        ref = net(x)
+    with gates.instrument(net, rule), torch.no_grad():
+        out = net(x)
+        out2 = net(x)
+    assert torch.equal(out, ref) and torch.equal(out2, ref)
+    assert (rule.relu_calls, rule.pool_calls, rule.functional_relu_calls) == (2, 2, 0)
+    assert rule.temperature == 0.3 and rule.pool_temperature == 0.0
+    assert surrogates.SurrogateBackward(0.2).pool_temperature == 0.2  # the ReLU's temperature by default
+
+
+def test_errors():
+    x = torch.rand(2, 3, 14, 14)
+    with pytest.raises(ValueError, match="temperature > 0"):
+        surrogates.soft_max_pool(x, 2, temperature=0)
+    for bad in (-0.1, float("nan"), float("inf"), "0.3", True):
+        with pytest.raises(ValueError, match="temperature"):
+            surrogates.check_temperature(bad)
+        with pytest.raises(ValueError, match="temperature"):
+            surrogates.soft_gates({}, bad)
+    with pytest.raises(ValueError, match="pool_temperature"):
+        surrogates.SurrogateBackward(0.3, pool_temperature=-1)
+    with pytest.raises(ValueError, match="max_pool2d expects"):
+        surrogates.soft_max_pool(torch.rand(5), 2, temperature=0.3)

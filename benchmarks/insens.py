@@ -4,8 +4,8 @@ Sides, measured interleaved in rounds on the same MNIST test digit(s):
 - reference: one autograd backward per hidden neuron, then Eq. 7-8 written out
   (``projections.insens_reference``);
 - generic: the forward-mode sweep over all 784 input pixels (``insens(..., structure=False)``);
-- ours: the receptive-field fast path (``insens``, the default), for one image and, batched, per image
-  of a batch of ``--batch`` images.
+- ours: the receptive-field fast path (``insens``, the default; ``dualview.receptive_fields``), for one
+  image and, batched, per image of a batch of ``--batch`` images.
 Goals (issue 16): ratio reference/ours >= 100, ours <= 0.05 s for one image, batched at least 2x cheaper
 per image than one image alone, max relative error <= 1e-5. Prints one JSON line with the median over
 ``--rounds`` rounds of every time (each round: the reference once, ours and generic ``--repeats`` times,

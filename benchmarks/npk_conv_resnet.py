@@ -13,7 +13,6 @@ Prints one JSON line per comparison.
 """
 from __future__ import annotations
 
-import itertools
 import json
 
 import torch
@@ -44,7 +43,7 @@ def main() -> None:
     b = 8
     digits = torch.tensor(load_digits().data[:500] / 16.0)
     res = nets.fc_resnet(64, 64, 2, b, num_outputs=10).double()
-    subsets = [J for k in range(b + 1) for J in itertools.combinations(range(b), k)]
+    subsets = npk_resnet.block_subsets(b)
     report("npk_resnet", lambda: npk_resnet.npk_resnet(res, digits),
            lambda: sum(npk_resnet.npk_resnet_subnetwork(res, digits, subset=J) for J in subsets),
            repeats=(5, 1), n_samples=len(digits), blocks=b, subnetworks=len(subsets))

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dualview
-from dualview import data, nets, npk, ntk
+from dualview import data, dgn, nets, npk, ntk
 
 
 def fc(width: int, depth: int) -> nn.Sequential:
@@ -38,13 +38,13 @@ def main() -> None:
     dualview.seed_everything(0)
     x = data.subset_per_class(data.load_mnist("test"), args.n // 10, seed=0).x
     gating, value = fc(args.width, args.depth).eval(), fc(args.width, args.depth)
-    dgn = ntk.FixedGates(value, gating)
+    fixed = dgn.GatedNetwork(value, gating)   # value with the fixed gates of gating
 
     def npk_side() -> torch.Tensor:
         return npk.npk_fc(value, x, gating=gating, dtype=torch.float32)
 
     def ntk_side() -> torch.Tensor:
-        return ntk.empirical_ntk(dgn, x, params="value", chunk_size=50)
+        return ntk.empirical_ntk(fixed, x, params="value", chunk_size=50)
 
     npk_side(), ntk_side()  # warm up
     ours, baseline = [], []

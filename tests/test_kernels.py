@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import nets, npk, ntk
+from dualview import dgn, nets, npk, ntk
 from dualview.gates import UnsupportedLayerError
 from dualview.stats import relative_error
 
@@ -124,11 +124,11 @@ def test_float32_and_dtype_option():
 @given(seed=st.integers(0, 10_000), n1=st.integers(1, 5), n2=st.integers(1, 5), chunk=st.integers(1, 4))
 def test_ntk_equals_autograd_reference(seed, n1, n2, chunk):
     torch.manual_seed(seed)
-    dgn = ntk.FixedGates(fc_net([3, 4, 4, 1], bias=True), fc_net([3, 4, 4, 1]))
+    fixed = dgn.GatedNetwork(fc_net([3, 4, 4, 1], bias=True), fc_net([3, 4, 4, 1]))
     x1, x2 = torch.randn(n1, 3, dtype=torch.float64), torch.randn(n2, 3, dtype=torch.float64)
     for params in ("value", None):
-        fast = ntk.empirical_ntk(dgn, x1, x2, params=params, chunk_size=chunk)
-        slow = ntk.empirical_ntk_reference(dgn, x1, x2, params=params)
+        fast = ntk.empirical_ntk(fixed, x1, x2, params=params, chunk_size=chunk)
+        slow = ntk.empirical_ntk_reference(fixed, x1, x2, params=params)
         torch.testing.assert_close(fast, slow, rtol=1e-10, atol=1e-12)
 
 
@@ -162,7 +162,7 @@ def test_ntk_diagonal_term_is_exact_and_wide_ntk_is_close_to_constant_times_npk(
     gating = fc_net([64, w, w, 1])
     value = ntk.sign_init_(fc_net([64, w, w, 1], bias=False), w ** -0.5, torch.Generator().manual_seed(0))
     torch.testing.assert_close(value[0].weight.abs(), torch.full_like(value[0].weight, w ** -0.5))
-    K_ntk = ntk.empirical_ntk(ntk.FixedGates(value, gating), x, params="value")
+    K_ntk = ntk.empirical_ntk(dgn.GatedNetwork(value, gating), x, params="value")
     target = ntk.ntk_npk_constant([w ** -0.5] * d) * npk.npk_fc(value, x, gating=gating)
     assert ntk.relative_deviation(K_ntk, target) < 0.3
 
@@ -246,7 +246,7 @@ def test_ntk_bad_input():
     with pytest.raises(npk.MemoryBudgetError, match="smaller chunk_size"):
         ntk.empirical_ntk(net, x, output=0, memory_budget=10)
     with pytest.raises(ValueError, match="value_input"):
-        ntk.FixedGates(net, net, value_input="zeros")
+        dgn.GatedNetwork(net, net, value_input="zeros")
     with pytest.raises(ValueError, match="one sigma per Linear"):
         ntk.sign_init_(net, [0.1])
 
@@ -254,10 +254,10 @@ def test_ntk_bad_input():
 def test_fixed_gates_stays_eval_and_uses_gating_gates():
     torch.manual_seed(7)
     value, gating = fc_net([3, 4, 1]), fc_net([3, 4, 1])
-    dgn = ntk.FixedGates(value, gating).train()
-    assert dgn.value.training and not dgn.gating.training
+    fixed = dgn.GatedNetwork(value, gating).train()
+    assert fixed.value.training and not fixed.gating.training
     x = torch.randn(5, 3, dtype=torch.float64)
     G = (gating[0](x) > 0).double()
-    torch.testing.assert_close(dgn(x), value[2](value[0](x) * G))
-    ones = ntk.FixedGates(value, gating, value_input="ones")
+    torch.testing.assert_close(fixed(x), value[2](value[0](x) * G))
+    ones = dgn.GatedNetwork(value, gating, value_input="ones")
     torch.testing.assert_close(ones(x), value[2](value[0](torch.ones_like(x)) * G))

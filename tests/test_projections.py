@@ -8,9 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import nets
+from dualview import gates, nets
 from dualview import projections as P
 from dualview.gates import UnsupportedLayerError, record_gates, register_linear_layer
+from dualview.receptive_fields import conv_plan
 
 
 def fc_net(widths=(6, 5, 4)) -> nn.Module:
@@ -177,7 +178,8 @@ def test_theorem1_on_pretrained_cnn(mnist_cnn_and_digits):
     keep = (~p.active & ~p.cut_off).unsqueeze(-1)
     direct = (p.omega() * keep).sum(1) / keep.sum(1)
     torch.testing.assert_close(fc.omega.flatten(1), direct, rtol=1e-4, atol=1e-7)
-    share = P.active_neuron_share(model, x)
+    # the share of active hidden neurons (Table 3): the neurons with q > 0 among all switched projections
+    share = gates.active_share(model, x, per_layer=False)
     torch.testing.assert_close(share, p.active.double().mean(1))
 
 
@@ -203,14 +205,14 @@ def test_bad_inputs_give_clear_errors():
     with pytest.raises(ValueError, match="no ReLU"):
         P.switched_projections(nn.Linear(6, 2).double(), x)
     with pytest.raises(ValueError, match="batch_size"):
-        P.active_neuron_share(net, x, batch_size=0)
+        gates.active_share(net, x, batch_size=0, per_layer=False)
     p = P.switched_projections(net, x)
     with pytest.raises(KeyError, match="no layer"):
         p.layer("nope", p.weight)
 
 
 # --------------------------------------------------------------------------------------------------
-# The receptive-field fast path of insens (structure=True) against the per-neuron reference
+# The receptive-field fast path of insens (structure=True, dualview.receptive_fields) against the reference
 
 
 def _random_bn(net: nn.Module) -> nn.Module:
@@ -272,7 +274,7 @@ def test_insens_fast_path_equals_reference_on_random_conv_nets(seed, n, kind, ch
     x = torch.randn(n, *shape, dtype=torch.float64)
     x[:, :, :2] = 0.0  # zero pixels, as on real digits
     names = record_gates(net, x).names
-    assert P._conv_plan(net, x, names) is not None, "the fast path must be taken for this network"
+    assert conv_plan(net, x, names) is not None, "the fast path must be taken for this network"
     fast = P.insens(net, x, chunk_size=chunk)
     ref = P.insens_reference(net, x)
     torch.testing.assert_close(fast.omega, ref.omega, rtol=1e-10, atol=1e-12)
@@ -301,13 +303,13 @@ def test_insens_declines_the_fast_path_where_fields_are_unknown_and_stays_exact(
     torch.manual_seed(0)
     net = make().double().eval()
     x = torch.randn(2, 1, 6, 6, dtype=torch.float64)
-    assert P._conv_plan(net, x, record_gates(net, x).names) is None
+    assert conv_plan(net, x, record_gates(net, x).names) is None
     torch.testing.assert_close(P.insens(net, x).omega, P.insens_reference(net, x).omega, rtol=1e-10, atol=1e-12)
 
 
 def test_insens_fast_path_on_the_pretrained_cnn(mnist_cnn_and_digits):
     model, x = mnist_cnn_and_digits
-    assert P._conv_plan(model, x, record_gates(model, x).names) is not None  # Normalize is point-wise
+    assert conv_plan(model, x, record_gates(model, x).names) is not None  # Normalize is point-wise
     # against the generic sweep over all 784 pixels (itself checked against the per-neuron reference
     # above; the reference on all 15,220 neurons takes a minute, so benchmarks/insens.py runs it)
     fast, generic = P.insens(model, x), P.insens(model, x, structure=False)

@@ -169,6 +169,15 @@ def test_ensemble_sum_equals_concatenated_features(seed, d_in, width, d_blk, b, 
     assert count == phi.shape[1] * outputs == round(paths.count_paths(net, input_shape=(d_in,)).total[-1].item())
 
 
+def test_block_subsets_are_every_set_of_blocks_once():
+    subsets = npk_resnet.block_subsets(3)
+    assert sorted(subsets) == sorted(tuple(j for j in range(3) if mask >> j & 1) for mask in range(8))  # 2^b sets
+    assert subsets[0] == () and subsets[-1] == (0, 1, 2) and all(list(s) == sorted(s) for s in subsets)
+    assert npk_resnet.block_subsets(0) == [()]
+    with pytest.raises(ValueError, match="number of residual blocks"):
+        npk_resnet.block_subsets(-1)
+
+
 def test_ensemble_sum_on_real_digits(digits_small):
     x, _ = digits_small
     x = x[:5].view(5, 8, 8)[:, 2:5, 2:4].flatten(1).double()  # 6 real pixels keep the enumeration small

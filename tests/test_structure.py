@@ -11,12 +11,15 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dualview"
 # lowest first; a module may import only from layers before its own (and from the package root)
 LAYERS = [
     ["data", "stats", "train"],
-    ["nets"],
+    ["nets", "splits"],
     ["gates", "zoo"],
+    ["surrogates", "metrics"],
     ["paths"],
-    ["models"],
-    ["npk"],
+    ["architectures"],
+    ["dgn"],
+    ["npk", "receptive_fields"],
     ["ntk", "npk_conv", "npk_resnet", "hyperplanes", "pullbacks", "projections", "leveling"],
+    ["levels"],
     ["plot"],
 ]
 

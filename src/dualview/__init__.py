@@ -2,21 +2,27 @@
 
 One module per concept, in the order of the book:
 
-* :mod:`dualview.paths`: neural path features and values, path activity, counting paths (Chapter 1);
+* :mod:`dualview.paths`: neural path features and values, path activity (hard or soft), counting paths (Chapter 1);
 * :mod:`dualview.nets`: the plain ReLU networks of the book, no weights;
-* :mod:`dualview.gates`: recording and imposing the gates of any supported network;
+* :mod:`dualview.gates`: the instrumentation context and its rules: recording and imposing the gates of any supported network;
 * :mod:`dualview.npk`: the neural path kernel of fully connected networks, base kernels, kernel machines (Chapter 2);
 * :mod:`dualview.ntk`: the empirical NTK and its constant relation to the NPK (Chapter 2);
 * :mod:`dualview.npk_conv`: the rotation-sum NPK of convolutional networks with global pooling (Chapter 3);
 * :mod:`dualview.npk_resnet`: the ensemble-sum NPK of residual networks (Chapter 4);
-* :mod:`dualview.models`: network specifications and deep gated networks (Chapter 5);
+* :mod:`dualview.architectures`: network specifications and their gate sites (Chapter 5);
+* :mod:`dualview.dgn`: one gated network: value and gating network, fixed gates, permutations, DLGNs (Chapters 2, 5);
 * :mod:`dualview.hyperplanes`: the effective hyperplanes of linearly gated networks, the dual-lifting ladder (Chapter 5);
-* :mod:`dualview.pullbacks`: excitation pullbacks and their evaluation (Chapter 6);
+* :mod:`dualview.pullbacks`: excitation pullbacks, counterfactual ascent, gated linear models (Chapter 6);
+* :mod:`dualview.surrogates`: soft gates, the surrogate ReLU and soft max-pool, their gates rule (Chapter 6);
+* :mod:`dualview.metrics`: faithfulness (deletion, insertion) and smoothness of attribution maps (Chapter 6);
 * :mod:`dualview.projections`: switched linear projections and Insens (Chapter 7);
-* :mod:`dualview.leveling`: feature leveling with routing gates (Chapter 8);
+* :mod:`dualview.receptive_fields`: switched weights of plain conv nets on receptive fields, Insens' fast path (Chapter 7);
+* :mod:`dualview.leveling`: feature leveling with routing gates, trained by :mod:`dualview.train` (Chapter 8);
+* :mod:`dualview.levels`: a trained leveling network pruned and read level by level (Chapter 8);
 * :mod:`dualview.data`: data sets, offline or downloaded, with clear errors;
+* :mod:`dualview.splits`: splits and subsets, and the training/test sets of each profile;
 * :mod:`dualview.zoo`: pretrained weights for the networks of :mod:`dualview.nets`, checked by SHA-256;
-* :mod:`dualview.train`: a small seeded training loop;
+* :mod:`dualview.train`: a small seeded training loop (classification or regression, penalties, parameter groups);
 * :mod:`dualview.stats`: seeds, confidence intervals and paired comparisons;
 * :mod:`dualview.plot`: figures.
 

@@ -10,7 +10,7 @@ A DLGN's gating network has no ReLUs, so each gate site computes an affine map o
   changes from input to input;
 * :func:`dual_lifting_ladder` builds the models of Figure 4 there, ordered by interpretability.
 
-The networks themselves come from :func:`dualview.models.build`.
+The networks themselves come from :func:`dualview.dgn.build`.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from dualview.models import Architecture, DeepGating, GatedNetwork, build, site_shapes
+from dualview.architectures import Architecture, site_shapes
+from dualview.dgn import DeepGating, GatedNetwork, build
 
 __all__ = [
     "Hyperplanes",

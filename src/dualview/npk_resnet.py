@@ -20,6 +20,7 @@ from dualview.npk import neural_path_features_from_gates_reference, npk_from_gat
 from dualview.paths import neural_path_values
 
 __all__ = [
+    "block_subsets",
     "resnet_gates",
     "npk_resnet",
     "npk_resnet_subnetwork",
@@ -41,6 +42,15 @@ def _check_resnet(model: nn.Module) -> None:
     biased = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and m.bias is not None]
     if biased:
         raise UnsupportedLayerError(f"layers {biased} have biases; Theorem 3.3 is for bias-free networks")
+
+
+def block_subsets(b: int) -> list[tuple[int, ...]]:
+    """The ``2^b`` sets ``J`` of residual blocks (0-based) a path can enter, by size, then in order: the
+    sub-networks whose NPKs the ensemble sum of Theorem 3.3 of :cite:`lakshminarayanan2022explicitising`
+    adds (``subset`` of :func:`npk_resnet_subnetwork`)."""
+    if isinstance(b, bool) or not isinstance(b, int) or b < 0:
+        raise ValueError(f"b, the number of residual blocks, must be an int >= 0, got {b!r}")
+    return [subset for size in range(b + 1) for subset in itertools.combinations(range(b), size)]
 
 
 def resnet_gates(model: nn.Module, x: Tensor, dtype: torch.dtype = torch.float64) -> list[list[Tensor]]:
@@ -106,13 +116,12 @@ def resnet_path_features_reference(model: nn.Module, x: Tensor) -> tuple[Tensor,
     """
     g = resnet_gates(model, x, torch.float64)
     feats, values = [], []
-    for size in range(model.b + 1):
-        for subset in itertools.combinations(range(model.b), size):
-            gates = [t for k in [0, *(j + 1 for j in subset), len(g) - 1] for t in g[k]]
-            feats.append(neural_path_features_from_gates_reference(x.double(), gates))
-            layers = model.subnetwork(subset)
-            chain = nn.Sequential(*[m for lin in layers for m in (lin, nn.ReLU())][:-1])
-            values.append(neural_path_values(chain))
+    for subset in block_subsets(model.b):
+        gates = [t for k in [0, *(j + 1 for j in subset), len(g) - 1] for t in g[k]]
+        feats.append(neural_path_features_from_gates_reference(x.double(), gates))
+        layers = model.subnetwork(subset)
+        chain = nn.Sequential(*[m for lin in layers for m in (lin, nn.ReLU())][:-1])
+        values.append(neural_path_values(chain))
     return torch.cat(feats, 1), torch.cat(values, 0)
 
 

@@ -4,9 +4,10 @@
   input), :func:`relative_deviation` between two kernels;
 * :func:`ntk_npk_constant`: the constant of Theorem 5.1 of :cite:`lakshminarayanan2022disentangling`
   that relates the NTK of a DGN at initialisation to its NPK, and :func:`sign_init_`, the symmetric
-  ``+-sigma`` initialisation it assumes;
-* :class:`FixedGates`: the value network of a deep gated network (DGN) run with the gates of another
-  network, so that its NTK can be compared with the NPK of those gates.
+  ``+-sigma`` initialisation it assumes.
+
+The NTK of a deep gated network with fixed gates (:class:`dualview.dgn.GatedNetwork`) in its value
+weights is ``empirical_ntk(dgn, x, params="value")``, to be compared with the NPK of those gates.
 """
 from __future__ import annotations
 
@@ -17,11 +18,9 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from dualview.gates import check_supported, record_gates, run_with_gates
 from dualview.npk import DEFAULT_MEMORY_BUDGET, check_memory_budget
 
 __all__ = [
-    "FixedGates",
     "sign_init_",
     "ntk_npk_constant",
     "empirical_ntk",
@@ -30,39 +29,7 @@ __all__ = [
 ]
 
 # ==================================================================================================
-# Fixed gates (the value network of a DGN) and the empirical NTK
-
-
-class FixedGates(nn.Module):
-    """A deep gated network with fixed gates: ``value`` run with the gates that ``gating`` computes.
-
-    ``forward(x)`` records the gates (and max-pool winners) of ``gating`` on ``x`` without gradients
-    and runs ``value`` with them imposed (every ReLU of ``value`` becomes a GaLU), as in the DGN of
-    :cite:`lakshminarayanan2020neural` (Section 2 of :cite:`lakshminarayanan2022explicitising`).
-    Both networks need the same architecture (the same ReLU calls). ``value_input="ones"`` feeds the
-    value network a constant all-ones input (DGN-ALLONES). ``gating`` always stays in eval mode; only
-    ``value`` is meant to be trained (``value.parameters()``, or parameter names starting ``"value."``).
-    """
-
-    def __init__(self, value: nn.Module, gating: nn.Module, value_input: str = "x") -> None:
-        super().__init__()
-        if value_input not in ("x", "ones"):
-            raise ValueError(f"value_input must be 'x' or 'ones', got {value_input!r}")
-        check_supported(value)
-        self.value = value
-        self.gating = gating.eval()
-        self.value_input = value_input
-
-    def train(self, mode: bool = True) -> FixedGates:
-        super().train(mode)
-        self.gating.eval()
-        return self
-
-    def forward(self, x: Tensor) -> Tensor:
-        with torch.no_grad():
-            rec = record_gates(self.gating, x)
-        xv = torch.ones_like(x) if self.value_input == "ones" else x
-        return run_with_gates(self.value, xv, rec.gates, rec.pool_indices or None)
+# The NTK/NPK constant and the empirical NTK
 
 
 def sign_init_(model: nn.Module, sigma: float | Sequence[float], generator: torch.Generator | None = None) -> nn.Module:
@@ -129,8 +96,8 @@ def empirical_ntk(
     Per-sample Jacobians with ``torch.func`` (``vmap`` over samples of ``jacrev`` of a
     ``functional_call``), ``chunk_size`` samples at a time, contracted block by block. ``params``
     selects the parameters ``theta``: ``None`` (all that require grad), a name prefix (``"value"``
-    for the value network of a :class:`FixedGates`), a list of names, or a predicate on names; the
-    others are held fixed. ``output``: for a single-output model ``None``; otherwise an output index,
+    for the value network of a :class:`dualview.dgn.GatedNetwork`), a list of names, or a predicate
+    on names; the others are held fixed. ``output``: for a single-output model ``None``; otherwise an output index,
     ``"trace"`` (sum over outputs of the diagonal blocks) or ``"full"`` (``(N1, N2, C, C)``). The
     Jacobians of ``x2`` are kept if they fit in ``memory_budget`` bytes, else recomputed per block.
     Returns ``(N1, N2)`` in the model's dtype.

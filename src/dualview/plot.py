@@ -1,5 +1,7 @@
-"""Shared figure helpers: red/blue heatmaps, image grids and drawings of (active) sub-networks."""
+"""Shared figure helpers: red/blue heatmaps, images, grids of both, and drawings of (active) sub-networks."""
 from __future__ import annotations
+
+from typing import Mapping, Sequence
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -10,29 +12,59 @@ from torch import Tensor, nn
 from dualview.gates import record_gates
 from dualview.paths import fc_layers
 
-__all__ = ["heatmap", "image_grid", "draw_network"]
+__all__ = ["heatmap", "show_image", "image_grid", "heatmap_grid", "draw_network"]
 
 
 def _np(a) -> np.ndarray:
     return a.detach().cpu().numpy() if isinstance(a, Tensor) else np.asarray(a)
 
 
-def heatmap(ax, values, title: str | None = None, symmetric: bool = True, cmap: str = "bwr"):
-    """Show a 2-D map; with ``symmetric`` the colour scale is centred on 0 (red > 0, blue < 0)."""
-    v = _np(values).squeeze()
-    if v.ndim == 3:  # (C, H, W): sum over channels
-        v = v.sum(0)
-    lim = np.abs(v).max() or 1.0
-    im = ax.imshow(v, cmap=cmap, vmin=-lim if symmetric else None, vmax=lim if symmetric else None)
+def _bare(ax, title: str | None) -> None:
     ax.set_xticks([])
     ax.set_yticks([])
     if title:
         ax.set_title(title, fontsize=9)
+
+
+def heatmap(ax, values, title: str | None = None, symmetric: bool = True, cmap: str = "bwr",
+            limit: float | None = None):
+    """Show a 2-D map; with ``symmetric`` the colour scale is centred on 0 (red > 0, blue < 0).
+
+    A ``(C, H, W)`` map is summed over its channels. The scale runs to ``±limit`` (default: the map's
+    largest magnitude); give one ``limit`` to several maps to compare them on one scale.
+    """
+    v = _np(values).squeeze()
+    if v.ndim == 3:  # (C, H, W): sum over channels
+        v = v.sum(0)
+    lim = (np.abs(v).max() or 1.0) if limit is None else limit
+    im = ax.imshow(v, cmap=cmap, vmin=-lim if symmetric else None, vmax=lim if symmetric else None)
+    _bare(ax, title)
     return im
 
 
+def show_image(ax, image, title: str | None = None, cmap: str = "gray"):
+    """Show one image: ``(C, H, W)`` with 1 channel (grey, ``cmap``) or 3 (RGB in [0, 1]), or ``(H, W)``.
+
+    No ticks and no frame, but a ``ylabel`` set afterwards stays visible (a row name of a grid).
+    """
+    im = _np(image)
+    if im.ndim == 3 and im.shape[0] in (1, 3):
+        im = im[0] if im.shape[0] == 1 else np.clip(np.transpose(im, (1, 2, 0)), 0, 1)
+    if im.ndim not in (2, 3):
+        raise ValueError(f"show_image shows a (C, H, W) image with 1 or 3 channels or an (H, W) one, "
+                         f"got shape {_np(image).shape}")
+    out = ax.imshow(im, cmap=cmap if im.ndim == 2 else None)
+    _bare(ax, title)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    return out
+
+
 def image_grid(images, titles=None, ncols: int = 8, cmap: str = "gray", size: float = 1.4, symmetric=False):
-    """Plot a batch ``(N, C, H, W)`` (or ``(N, H, W)``) of images on a grid; returns the figure."""
+    """Plot a batch ``(N, C, H, W)`` (or ``(N, H, W)``) of images on a grid; returns the figure.
+
+    With ``symmetric`` each image is a red/blue :func:`heatmap` instead.
+    """
     imgs = _np(images)
     n = len(imgs)
     nrows = int(np.ceil(n / ncols))
@@ -42,15 +74,44 @@ def image_grid(images, titles=None, ncols: int = 8, cmap: str = "gray", size: fl
         ax.axis("off")
         if k >= n:
             continue
-        im = imgs[k]
-        if im.ndim == 3 and im.shape[0] in (1, 3):
-            im = im[0] if im.shape[0] == 1 else np.transpose(im, (1, 2, 0))
+        title = None if titles is None else str(titles[k])
         if symmetric:
-            heatmap(ax, im)
+            heatmap(ax, imgs[k], title=title)
         else:
-            ax.imshow(im, cmap=cmap if im.ndim == 2 else None)
-        if titles is not None:
-            ax.set_title(str(titles[k]), fontsize=8)
+            show_image(ax, imgs[k], title=title, cmap=cmap)
+        ax.title.set_fontsize(8)
+    fig.tight_layout()
+    return fig
+
+
+def heatmap_grid(images, maps: Mapping[str, object], row_names: Sequence[str] | None = None,
+                 title: str | None = None, image_title: str = "input", size: float = 1.9,
+                 as_images: bool = False):
+    """One row per input: the input image, then one cell per entry of ``maps``; returns the figure.
+
+    ``images``: ``(N, C, H, W)`` (or ``(N, H, W)``); ``maps``: ``{column title: (N, ...) maps}``, one map
+    per input, each shown as a red/blue :func:`heatmap` on its own scale (``as_images``: as images, for
+    maps already scaled to ``[0, 1]``). ``row_names`` label the rows. The layout of an attribution
+    figure: inputs down the side, one method (or target, or network) per column.
+    """
+    imgs = _np(images)
+    cols = {name: _np(v) for name, v in maps.items()}
+    wrong = {name: len(v) for name, v in cols.items() if len(v) != len(imgs)}
+    if wrong or (row_names is not None and len(row_names) != len(imgs)):
+        raise ValueError(f"heatmap_grid needs one map per input ({len(imgs)} inputs) in every column and "
+                         f"one row name per input; got columns of {wrong} and "
+                         f"{None if row_names is None else len(row_names)} row names")
+    n, ncols = len(imgs), 1 + len(cols)
+    fig, axes = plt.subplots(n, ncols, figsize=(size * ncols, size * n + 0.4 * (title is not None)), squeeze=False)
+    for r in range(n):
+        show_image(axes[r, 0], imgs[r], title=image_title if r == 0 else None)
+        if row_names is not None:
+            axes[r, 0].set_ylabel(str(row_names[r]), fontsize=9)
+        for c, (name, v) in enumerate(cols.items(), start=1):
+            show = show_image if as_images else heatmap
+            show(axes[r, c], v[r], title=name if r == 0 else None)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

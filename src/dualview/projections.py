@@ -21,12 +21,15 @@ switched weights are its Jacobian: one forward-mode (dual-number) pass through t
 neuron at once, one input coordinate of its switched weight. :func:`insens` needs only the squared
 norms ``|w_i|^2`` (accumulated chunk by chunk, never holding more than one chunk of the Jacobian) and
 then one reverse-mode pass, since ``Omega = J^T a`` with ``a_i = q_i / |w_i|^2 / |I|`` on inactive
-neurons. ``*_reference`` functions do the same with one autograd backward per neuron.
+neurons. On plain conv nets it builds the norms on the neurons' receptive fields instead
+(:mod:`dualview.receptive_fields`). ``*_reference`` functions do the same with one autograd backward
+per neuron.
 
 Neurons. The hidden neurons are the units of every ReLU call, in the order
 :func:`dualview.gates.record_gates` names them. A max-pool output is a copy of its window's winner,
 not a neuron of its own, so it is never counted twice; this is the paper's exclusion of max-pool
-winners from Eq. 8. Output units (no ReLU) are not hidden neurons.
+winners from Eq. 8. Output units (no ReLU) are not hidden neurons. Their share with ``q > 0`` per
+input (Table 3 of the paper) is :func:`dualview.gates.active_share` with ``per_layer=False``.
 
 Cut-off neurons. A neuron whose every path to the input is switched off has ``w_i = 0``: its
 pre-activation is the constant ``b_i`` near ``x``, it has no centre and no sensitivity. We mark it
@@ -45,9 +48,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dualview import receptive_fields
 from dualview.gates import record_gates, run_with_gates
 
 __all__ = [
@@ -58,7 +61,6 @@ __all__ = [
     "switched_projections_reference",
     "insens",
     "insens_reference",
-    "active_neuron_share",
 ]
 
 
@@ -142,11 +144,6 @@ class InsensResult:
     n_inactive: Tensor
     n_cut_off: Tensor
     n_hidden: int
-
-    @property
-    def active_share(self) -> Tensor:
-        """Share of hidden neurons with ``q > 0`` per input, ``(N,)``."""
-        return 1 - (self.n_inactive + self.n_cut_off).double() / self.n_hidden
 
 
 # --------------------------------------------------------------------------------------------------
@@ -283,204 +280,6 @@ def switched_projections_reference(
 
 
 # --------------------------------------------------------------------------------------------------
-# The structured fast path of Insens: each neuron's switched weight lives on its receptive field
-
-
-@dataclass
-class _ConvPlan:
-    """How :func:`insens` takes ``|w_i|^2`` of a plain conv net: ``Sequential(spatial part, Flatten, tail)``.
-
-    A unit of the spatial part (convolutions, pools, point-wise maps) depends only on the input pixels
-    of its receptive field, a window of ``size`` pixels that starts at ``start + jump * position``. So
-    its switched weight is a *patch*, ``C_in x size_h x size_w`` numbers, and the patches of one layer
-    follow from those of the layer below: a convolution sums its kernel's patches, each shifted to its
-    place in the larger window; a max-pool passes its winner's patch, shifted; a gate scales it. This
-    costs one pass per kernel offset instead of one forward-mode pass per input pixel (the generic
-    sweep), and holds only the non-zero part of the Jacobian. The tail after ``Flatten`` (Linear,
-    ReLU) mixes all pixels: its first layer's switched weights are the weighted sums of the flattened
-    units' patches, added into the image position by position, and later layers multiply these dense
-    rows by their weights and gates. (MNIST CNN: windows of at most 16 x 16 of the 28 x 28 pixels.)
-    """
-
-    spatial: list[tuple[str, nn.Module, tuple[int, ...]]]   # (name, module, output shape C x H x W)
-    tail: list[tuple[str | None, nn.Module]]                  # (site name or None, module) after Flatten
-    volume: int                                               # largest patch tensor per image (elements)
-
-
-_POINTWISE = (nn.ReLU, nn.BatchNorm2d, nn.Dropout, nn.Identity)
-_WINDOWED = (nn.Conv2d, nn.MaxPool2d, nn.AvgPool2d)
-
-
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
-def _window(m: nn.Module):
-    """Kernel, stride, padding and dilation of a windowed layer, as pairs."""
-    return (_pair(m.kernel_size), _pair(m.stride or m.kernel_size), _pair(m.padding),
-            _pair(getattr(m, "dilation", 1)))
-
-
-def _conv_plan(model: nn.Module, x: Tensor, names: list[str]) -> _ConvPlan | None:
-    """The fast path's plan for ``model`` on inputs shaped like ``x``, or ``None`` where its structure is
-    not a plain ``Sequential`` conv net (then :func:`insens` uses the generic forward-mode sweep)."""
-    if x.dim() != 4:
-        return None
-    leaves: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        children = list(module.children())
-        if children:
-            if type(module) is not nn.Sequential:
-                return None  # a custom forward may reorder, reuse or add: only plain Sequential trees
-            continue
-        leaves.append((name, module))
-    flat_at = [k for k, (_, m) in enumerate(leaves) if isinstance(m, nn.Flatten)]
-    if len(flat_at) != 1 or len({id(m) for _, m in leaves}) != len(leaves):
-        return None
-    spatial, flatten, tail = leaves[:flat_at[0]], leaves[flat_at[0]][1], leaves[flat_at[0] + 1:]
-    if flatten.start_dim != 1 or flatten.end_dim != -1:
-        return None
-    c, h, w = x.shape[1:]
-    size, jump, volume, shapes = [1, 1], [1, 1], c * h * w, []
-    with torch.no_grad():
-        z = x[:1]
-        for _, m in spatial:
-            if isinstance(m, _WINDOWED):
-                if getattr(m, "ceil_mode", False) or (isinstance(m, nn.Conv2d) and m.padding_mode != "zeros"):
-                    return None  # ceil mode and circular padding move fields across the border
-                if isinstance(m, nn.Conv2d) and isinstance(m.padding, str):
-                    return None
-                if isinstance(m, nn.AvgPool2d) and m.padding and not m.count_include_pad:
-                    return None
-                k, s, _, dil = _window(m)
-                size = [size[a] + (k[a] - 1) * dil[a] * jump[a] for a in range(2)]
-                jump = [jump[a] * s[a] for a in range(2)]
-            elif not (isinstance(m, _POINTWISE) or getattr(type(m), "pointwise", False)):
-                return None
-            z = m(z)
-            shapes.append(tuple(z.shape[1:]))
-            volume = max(volume, z[0].numel() * c * size[0] * size[1])
-    if c * size[0] * size[1] >= c * h * w:
-        return None  # fields as large as the image: nothing to gain over the generic sweep
-    if any(not isinstance(m, (nn.Linear, nn.ReLU, nn.Dropout, nn.Identity)) for _, m in tail):
-        return None
-    relu_names = [n for n, m in spatial + tail if isinstance(m, nn.ReLU)]
-    if relu_names != names:
-        return None  # every ReLU module is one site, named by its path (record_gates' names)
-    sites = iter(n for n, m in tail if isinstance(m, nn.ReLU))
-    first = tail[0][1].out_features if tail and isinstance(tail[0][1], nn.Linear) else z[0].numel()
-    volume = max(volume, first * c * h * w)  # the dense switched weights of the first tail layer
-    return _ConvPlan([(n, m, s) for (n, m), s in zip(spatial, shapes)],
-                     [(next(sites) if isinstance(m, nn.ReLU) else None, m) for _, m in tail], volume)
-
-
-def _shift_add(patches: Tensor, m: nn.Module, shape, batch: int, jump, add) -> Tensor:
-    """Patches ``(C_in, s_h, s_w, C, N, H, W)`` through a windowed layer into ``shape = (C', H', W')``:
-    for each kernel offset, ``add(window, ky, kx, selected)`` adds the units below at that offset
-    (zero-padded) into the offset's place of the larger window of every unit above."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(m)
-    cin, s0, s1 = patches.shape[:3]
-    patches = F.pad(patches, (pw, pw, ph, ph)) if ph or pw else patches
-    co, oh, ow = shape
-    out = patches.new_zeros(cin, s0 + (kh - 1) * dh * jump[0], s1 + (kw - 1) * dw * jump[1], co, batch, oh, ow)
-    for ky in range(kh):
-        for kx in range(kw):
-            sel = patches[..., ky * dh: ky * dh + sh * (oh - 1) + 1: sh, kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
-            y, x = ky * dh * jump[0], kx * dw * jump[1]
-            add(out[:, y: y + s0, x: x + s1], ky, kx, sel)
-    return out
-
-
-def _sq_norms_conv(x: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor],
-                   plan: _ConvPlan) -> dict[str, Tensor]:
-    """``|w_i|^2`` of every hidden neuron of the inputs ``x`` (one chunk, with their recorded gates and
-    max-pool winners) through the plan's patches, held as ``(C_in, s_h, s_w, C, N, H, W)``: patch
-    coordinates first, so that adding a patch into a window of a larger one adds whole layers."""
-    n, (c, h, w) = x.shape[0], x.shape[1:]
-    sq: dict[str, Tensor] = {}
-    # an input unit's patch is its own coordinate, the same for every input until the first gate or
-    # max-pool (a batch dimension of 1 broadcasts)
-    t = torch.eye(c, dtype=x.dtype, device=x.device)[:, None, None, :, None, None, None].expand(c, 1, 1, c, 1, h, w)
-    jump, start = [1, 1], [0, 0]  # of the receptive fields, in input pixels
-    for name, m, shape in plan.spatial:
-        if isinstance(m, nn.Conv2d):
-            wt = m.weight.to(x.dtype)
-            if m.groups > 1:  # the dense (O, C) weight of a grouped convolution, zero across groups
-                o, g = wt.shape[0], m.groups
-                dense = wt.new_zeros(o, g, wt.shape[1], *wt.shape[2:])
-                dense[torch.arange(o), torch.arange(o) // (o // g)] = wt
-                wt = dense.flatten(1, 2)
-
-            def conv_add(window, ky, kx, sel, wt=wt):
-                part = torch.matmul(wt[:, :, ky, kx], sel.reshape(-1, sel.shape[3], sel[0, 0, 0, 0].numel()))
-                window += part.view(window.shape)
-            t = _shift_add(t, m, shape, t.shape[4], jump, conv_add)
-        elif isinstance(m, nn.MaxPool2d):  # each window passes its winner's patch, shifted into place
-            idx = pool_indices[name].transpose(0, 1)  # (C, N, H', W') flat positions in the map below
-            width = t.shape[-1]
-            (_, _), (sh, sw), (ph, pw), (dh, dw) = _window(m)
-            oy = torch.arange(shape[1], device=x.device)[:, None] * sh - ph
-            ox = torch.arange(shape[2], device=x.device)[None, :] * sw - pw
-            ky, kx = (idx // width - oy) // dh, (idx % width - ox) // dw
-
-            def pool_add(window, a, b, sel, ky=ky, kx=kx):
-                window.addcmul_(sel, ((ky == a) & (kx == b)).to(sel.dtype))
-            t = _shift_add(t, m, shape, n, jump, pool_add)
-        elif isinstance(m, nn.AvgPool2d):
-            k = _window(m)[0]
-            div = m.divisor_override or k[0] * k[1]
-            t = _shift_add(t, m, shape, t.shape[4], jump,
-                           lambda window, a, b, sel, div=div: window.add_(sel, alpha=1 / div))
-        elif isinstance(m, nn.ReLU):
-            norms = (t * t).sum((0, 1, 2))  # (C, N, H, W)
-            sq[name] = norms.transpose(0, 1).flatten(1).expand(n, -1)
-            g = gates[name].transpose(0, 1).to(x.dtype)
-            t = t.mul_(g) if t.shape[4] == n and t.is_contiguous() else t * g  # in place unless shared
-        elif not isinstance(m, (nn.Dropout, nn.Identity)):  # point-wise affine (BatchNorm, Normalize)
-            v, cc, nn_, hh, ww = t.flatten(0, 2).shape
-            tangent = t.flatten(0, 2).transpose(1, 2).reshape(v * nn_, cc, hh, ww)
-            lin = torch.func.jvp(m, (torch.zeros_like(tangent),), (tangent,))[1]
-            t = lin.view(v, nn_, *lin.shape[1:]).transpose(1, 2).reshape(*t.shape[:3], *lin.shape[1:2],
-                                                                          nn_, *lin.shape[2:])
-        if isinstance(m, _WINDOWED):
-            _, stride, pad, _ = _window(m)
-            start = [start[a] - pad[a] * jump[a] for a in range(2)]
-            jump = [jump[a] * stride[a] for a in range(2)]
-    # the first tail layer's switched weights: position by position of the flattened map, its weights
-    # (O x C) times the C patches there, added into the image (all O rows at once)
-    fc, fh, fw = plan.spatial[-1][2] if plan.spatial else (c, h, w)
-    t = t.expand(*t.shape[:4], n, *t.shape[5:])
-    tail = list(plan.tail)
-    if tail and isinstance(tail[0][1], nn.Linear):
-        wt = tail.pop(0)[1].weight.to(x.dtype).reshape(-1, fc, fh, fw)
-    else:  # a gate right after Flatten: the flattened units themselves
-        wt = torch.eye(fc * fh * fw, dtype=x.dtype, device=x.device).reshape(-1, fc, fh, fw)
-    o, (s0, s1) = wt.shape[0], t.shape[1:3]
-    canvas = (jump[0] * (fh - 1) + s0, jump[1] * (fw - 1) + s1)
-    img = x.new_zeros(c, *canvas, n, o)
-    by_position = t.permute(5, 6, 0, 1, 2, 4, 3).reshape(fh, fw, -1, fc)  # (H, W, C_in s_h s_w N, C)
-    for py in range(fh):
-        for px in range(fw):
-            part = by_position[py, px] @ wt[:, :, py, px].T  # (C_in s_h s_w N, O)
-            img[:, py * jump[0]: py * jump[0] + s0, px * jump[1]: px * jump[1] + s1] += part.view(c, s0, s1, n, o)
-    if start == [0, 0] and canvas == (h, w):
-        rows = img
-    else:  # the part of the canvas inside the image
-        rows = x.new_zeros(c, h, w, n, o)
-        r0, c0 = max(0, start[0]), max(0, start[1])
-        r1, c1 = min(h, start[0] + canvas[0]), min(w, start[1] + canvas[1])
-        rows[:, r0:r1, c0:c1] = img[:, r0 - start[0]: r1 - start[0], c0 - start[1]: c1 - start[1]]
-    rows = rows.reshape(c * h * w, n, o)
-    for name, m in tail:
-        if isinstance(m, nn.Linear):
-            rows = rows @ m.weight.to(rows.dtype).T
-        elif name is not None:
-            sq[name] = (rows * rows).sum(0)
-            rows = rows * gates[name].flatten(1).to(rows.dtype)
-    return sq
-
-
-# --------------------------------------------------------------------------------------------------
 # Insens
 
 
@@ -496,7 +295,7 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
     With ``structure=True`` (the default), a plain ``Sequential`` conv net (convolutions, pools and
     point-wise layers, then ``Flatten`` and a Linear/ReLU tail) takes the receptive-field fast path:
     each spatial neuron's switched weight is built on its receptive field only, layer by layer (see
-    ``_ConvPlan``), and the tail's from the flattened units' ones. Other models, or ``structure=False``,
+    :mod:`dualview.receptive_fields`), and the tail's from the flattened units' ones. Other models, or ``structure=False``,
     take the generic forward-mode sweep over all input coordinates; both give the same result.
     """
     _check(model, x)
@@ -509,14 +308,14 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
     if not names:
         raise ValueError("the model has no ReLU, so it has no hidden neurons to take Insens over")
     n = x.shape[0]
-    plan = _conv_plan(model, x, names) if structure else None
+    plan = receptive_fields.conv_plan(model, x, names) if structure else None
     with torch.no_grad():
         if plan is not None:  # as many inputs per chunk as hold about chunk_size Jacobian columns
             n_hidden = sum(rec.preactivations[k][0].numel() for k in names)
             budget = chunk_size * n_hidden if chunk_size else 1 << 22  # default: a few cache-sized images
             per = max(1, budget // plan.volume)
-            parts = [_sq_norms_conv(x[i:i + per], {k: g[i:i + per] for k, g in rec.gates.items()},
-                                    {k: p[i:i + per] for k, p in rec.pool_indices.items()}, plan)
+            parts = [receptive_fields.sq_norms(x[i:i + per], {k: g[i:i + per] for k, g in rec.gates.items()},
+                                               {k: p[i:i + per] for k, p in rec.pool_indices.items()}, plan)
                      for i in range(0, n, per)]
             sq = {k: torch.cat([part[k] for part in parts]) for k in names}
         else:
@@ -567,20 +366,3 @@ def insens_reference(model: nn.Module, x: Tensor) -> InsensResult:
         omega[s] /= max(int(n_inactive[s]), 1)
     return InsensResult(omega.view(n, *p.input_shape), n_inactive, n_cut, u)
 
-
-def active_neuron_share(model: nn.Module, x: Tensor, batch_size: int = 500) -> Tensor:
-    """Per input, the share of all hidden neurons (units of every ReLU call) with ``q > 0`` (Table 3).
-
-    Processes ``x`` in chunks of ``batch_size``; returns a ``(N,)`` float64 tensor.
-    """
-    _check(model, x)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    parts = []
-    with torch.no_grad():
-        for chunk in x.split(batch_size):
-            rec = record_gates(model, chunk)
-            on = sum((q > 0).flatten(1).sum(1) for q in rec.preactivations.values())
-            total = sum(q[0].numel() for q in rec.preactivations.values())
-            parts.append(on.double().cpu() / total)
-    return torch.cat(parts)

@@ -1,0 +1,455 @@
+"""Deep gated networks (DGN): one gated network class for DGNs, DLGNs and fixed gates.
+
+A ReLU network entangles two jobs in every layer: the weights compute pre-activations, and the ReLUs
+switch units on and off. The *deep gated network* of :cite:`lakshminarayanan2020neural` (Figure 2 and
+Appendix D of :cite:`lakshminarayanan2022explicitising`) gives them to two networks of one architecture:
+
+* the **gating network** sees ``x`` and produces a pre-activation ``q_l`` at every ReLU position ``l`` (a
+  *gate site*); the gate is ``G_l = 1{q_l > 0}`` (hard, ``temperature = 0``) or ``sigmoid(q_l / temperature)``
+  (soft; the papers' ``sigmoid(beta q_l)`` with ``beta = 10`` is ``temperature = 0.1``);
+* the **value network** has a *gated linear unit* (:class:`GaLU`) ``z_l = q^v_l * G_l``
+  :cite:`fiat2019decoupling` in place of every ReLU. Its input is ``x`` or the constant ``1``
+  ("DGN-ALLONES", Section 4.1 there), and its gate layers may receive the gates in a permuted order
+  (Figure 3 there: value site ``l`` gets ``G_{pi(l)}``).
+
+With ReLUs in the gating network this is a DGN; with the identity it is a DLGN, whose gating
+pre-activations are affine in the input (Section 5 there, "primal linearity";
+:func:`dualview.hyperplanes.effective_hyperplanes`). Shallow-feature gating (DLGN-SF, Section 3.3 of
+:cite:`lakshminarayanan2022disentangling`) computes each gate layer from the input with one linear layer.
+:class:`GatedNetwork` is all of these, built from any two networks with the same ReLUs (by default
+with the frozen, hard gates of the second: the fixed gates of the NPK/NTK theorems) or by :func:`build`
+from an :class:`~dualview.architectures.Architecture`::
+
+    arch = Architecture.c4gap(width=128)
+    dnn = dgn.build(arch, "dnn")                         # the ReLU network
+    st = dgn.build(arch, "dgn", value_input="ones")      # standalone (ST): soft gates, both trained
+    pg = dgn.build(arch, "dgn", pretrained=dnn)          # pretrained gates (PG): frozen, hard
+    dlgn = dgn.build(arch, "dlgn", permutation=(3, 2, 1, 0))
+    fixed = dgn.GatedNetwork(value_net, gating_net)      # the fixed gates of gating_net
+
+Max-pools stay max-pools in both networks; the value network pools its own signal
+(:func:`dualview.gates.run_with_gates` imposes the gating network's winners too, if you want them).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from dualview.architectures import (Architecture, LinearSite, gate_sites, replace_gate_sites, site_blocks,
+                                    site_shapes)
+from dualview.gates import check_supported, record_gates, run_with_gates
+
+__all__ = ["GaLU", "DeepGating", "ShallowGating", "GatedNetwork", "GatedTrace", "build", "reverse_within_blocks",
+           "sample_permutations", "gated_forward_reference"]
+
+
+class GaLU(nn.Module):
+    """Gated linear unit ``z = q * G`` :cite:`fiat2019decoupling`: multiplies its input by a gate
+    supplied from outside.
+
+    The owning :class:`GatedNetwork` hands each GaLU its gate for one call (``self.gate``); the call
+    uses it up, so a GaLU called without a gate (outside its network, or twice in one pass) is an error.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate: Tensor | None = None
+
+    def forward(self, q: Tensor) -> Tensor:
+        g, self.gate = self.gate, None
+        if g is None:
+            raise RuntimeError("a GaLU was called without a gate: run the value network through its GatedNetwork "
+                               "(and use one activation module per use, not one module called twice)")
+        if g.shape != q.shape:
+            raise ValueError(f"a gate of shape {tuple(g.shape)} reached a GaLU whose input has shape "
+                             f"{tuple(q.shape)}: gates can only move between gate layers of the same shape")
+        return q * g
+
+
+@contextlib.contextmanager
+def _site_inputs(sites: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
+    """Inside the block, collect the input of each of ``sites``; the list is in the order of ``sites``
+    and complete after the block, which checks that every site was called exactly once."""
+    captured: list = [None] * len(sites)
+    calls = [0] * len(sites)
+
+    def hook(k: int):
+        def pre(module, args):
+            calls[k] += 1
+            captured[k] = args[0]
+        return pre
+
+    handles = [s.register_forward_pre_hook(hook(k)) for k, s in enumerate(sites)]
+    try:
+        yield captured
+    finally:
+        for h in handles:
+            h.remove()
+    if calls != [1] * len(sites):
+        raise RuntimeError(f"every gate site must be called once per forward pass; the calls per site were "
+                           f"{calls}: use one activation module per use")
+
+
+# --------------------------------------------------------------------------------------------------
+# Gating networks
+
+
+class DeepGating(nn.Module):
+    """A full network used as gating network: its ReLUs (DGN) or :class:`~dualview.architectures.LinearSite`
+    identities (DLGN) are the gate sites.
+
+    ``net`` is an ordinary network (its own output is the gating network's prediction, used to
+    pretrain it); ``preactivations`` runs it and returns the input of every gate site.
+    """
+
+    def __init__(self, net: nn.Module) -> None:
+        super().__init__()
+        self.net = _check_network(net, "gating")
+        self._sites = gate_sites(net)  # a plain list (not registered twice): the site modules of net
+        self.num_sites = len(self._sites)
+        if any(getattr(site, "inplace", False) for site in self._sites):
+            raise ValueError("the gating network has in-place ReLUs, which overwrite the pre-activations the "
+                             "gates are read from: build it with nn.ReLU() (inplace=False)")
+
+    @property
+    def linear(self) -> bool:
+        """True if the gating network has no ReLUs (a DLGN); max-pooling may still make it non-linear."""
+        return all(isinstance(s, LinearSite) for s in self._sites)
+
+    @property
+    def affine(self) -> bool:
+        """True if every pre-activation is an affine function of the input (no ReLU, no max-pool)."""
+        return self.linear and not any(isinstance(m, (nn.MaxPool1d, nn.MaxPool2d)) for m in self.net.modules())
+
+    def preactivations(self, x: Tensor) -> list[Tensor]:
+        with _site_inputs(self._sites) as q:
+            self.net(x)
+        return q
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+class ShallowGating(nn.Module):
+    """Shallow-feature gating (DLGN-SF, Section 3.3 of :cite:`lakshminarayanan2022disentangling`;
+    VGG-DLGN-SHALLOW, Figure 8 of :cite:`lakshminarayanan2022explicitising`): the pre-activations of
+    gate layer ``l`` come from the input through one linear layer of their own.
+
+    FC: ``Linear(d_in, w_l)``. Convolutional: average-pool the input down to layer ``l``'s resolution,
+    then one ``k x k`` convolution to its channels (then batch norm if the architecture has it).
+    """
+
+    linear = True
+    affine = True
+
+    def __init__(self, arch: Architecture) -> None:
+        super().__init__()
+        if arch.family == "resnet":
+            raise ValueError("shallow gating is built for FC, conv-GAP and VGG architectures, not ResNets")
+        branches = []
+        for shape in site_shapes(arch):
+            if arch.family == "fc":
+                branches.append(nn.Sequential(nn.Flatten(), nn.Linear(arch.in_features, shape[0])))
+                continue
+            c, h, _ = shape
+            factor = arch.in_shape[1] // h
+            layers: list[nn.Module] = [nn.AvgPool2d(factor)] if factor > 1 else []
+            layers.append(nn.Conv2d(arch.in_shape[0], c, arch.kernel_size, padding=arch.kernel_size // 2,
+                                    padding_mode=arch.padding_mode, bias=not arch.batch_norm))
+            if arch.batch_norm:
+                layers.append(nn.BatchNorm2d(c))
+            branches.append(nn.Sequential(*layers))
+        self.branches = nn.ModuleList(branches)
+        self.num_sites = len(branches)
+
+    def preactivations(self, x: Tensor) -> list[Tensor]:
+        return [branch(x) for branch in self.branches]
+
+
+# --------------------------------------------------------------------------------------------------
+# The gated network
+
+
+@dataclass
+class GatedTrace:
+    """Everything a :class:`GatedNetwork` computes for one batch, one list entry per gate site.
+
+    ``gating_preactivations[l]`` is ``q^g_l``; ``gates[l]`` the gate applied at *value* site ``l``
+    (``G_{pi(l)}``); ``value_preactivations[l]`` the GaLU input ``q^v_l`` and ``value_outputs[l]``
+    its output ``q^v_l * gates[l]``; ``gating_outputs[l]`` the gating network's own layer output
+    (``ReLU(q^g_l)`` in a DGN, ``q^g_l`` in a DLGN).
+    """
+
+    output: Tensor
+    gating_preactivations: list[Tensor]
+    gating_outputs: list[Tensor]
+    gates: list[Tensor]
+    value_preactivations: list[Tensor]
+    value_outputs: list[Tensor]
+
+
+def _check_temperature(temperature: float) -> float:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0 (0: hard gates 1{{q > 0}}; the papers' soft "
+                         f"gates sigmoid(10 q) are temperature 0.1), got {temperature!r}")
+    return float(temperature)
+
+
+class GatedNetwork(nn.Module):
+    """A DGN or DLGN: gating network, gate function, gate-layer permutation and value network of GaLUs.
+
+    ``forward(x) = value(x_v)`` where GaLU ``l`` of the value network multiplies by ``G(q^g_{pi(l)}(x))``,
+    ``G`` the hard (``temperature = 0``) or soft gate (Appendix D.1 of
+    :cite:`lakshminarayanan2022explicitising`, whose ``beta`` is ``1 / temperature``), and ``x_v`` is ``x``
+    or ``ones_like(x)`` (``value_input``); ``permutation[l]`` is the gating site whose gates value site
+    ``l`` receives (identity if None).
+
+    ``value`` is a network of ``nn.ReLU`` modules (one per use, as :mod:`dualview.gates` requires),
+    ``gating`` one with as many ReLUs (or :class:`~dualview.architectures.LinearSite` identities), or a
+    :class:`DeepGating` / :class:`ShallowGating`. Both are copied, yours are never modified; the copy of
+    ``value`` gets a :class:`GaLU` in place of each ReLU. ``frozen=True`` (pretrained or fixed gates) keeps
+    the gating network in eval mode without gradients: ``GatedNetwork(value, gating)`` runs ``value`` with
+    the fixed gates of ``gating``, whose NTK in the value weights (``empirical_ntk(..., params="value")``)
+    the NPK theorems describe (Section 2 of :cite:`lakshminarayanan2022explicitising`). :func:`build`
+    makes the papers' networks from an :class:`~dualview.architectures.Architecture` (``arch``).
+    """
+
+    def __init__(self, value: nn.Module, gating: nn.Module, *, value_input: Literal["x", "ones"] = "x",
+                 temperature: float = 0.0, permutation: Sequence[int] | None = None, frozen: bool = True,
+                 arch: Architecture | None = None) -> None:
+        super().__init__()
+        if value_input not in ("x", "ones"):
+            raise ValueError(f"value_input must be 'x' or 'ones', got {value_input!r}")
+        for name, net in (("value", value), ("gating", gating)):
+            if not isinstance(net, nn.Module):
+                raise TypeError(f"{name} must be a network (an nn.Module), got {type(net).__name__}")
+        gating = copy.deepcopy(gating)
+        self.gating = gating if isinstance(gating, (DeepGating, ShallowGating)) else DeepGating(gating)
+        self.value = replace_gate_sites(_check_network(copy.deepcopy(value), "value"), GaLU)
+        self._value_sites = [m for m in self.value.modules() if isinstance(m, GaLU)]  # in module order
+        n, n_gating = len(self._value_sites), self.gating.num_sites
+        if n_gating != n:
+            raise ValueError(f"the value network has {n} ReLUs but the gating network {n_gating} gate sites: "
+                             "both need the same architecture")
+        perm = tuple(range(n)) if permutation is None else tuple(int(i) for i in permutation)
+        if sorted(perm) != list(range(n)):
+            raise ValueError(f"permutation must be a permutation of range({n}) (one entry per gate site), "
+                             f"got {tuple(permutation)}")
+        self.permutation = perm
+        self.value_input = value_input
+        self.temperature = _check_temperature(temperature)
+        self.frozen = frozen
+        self.arch = arch
+        if frozen:
+            self.gating.requires_grad_(False)
+            self.gating.eval()
+
+    @property
+    def kind(self) -> str:
+        return "dlgn" if self.gating.linear else "dgn"
+
+    @property
+    def mode(self) -> str:
+        """``"pg"`` (pretrained or fixed gates: frozen gating network) or ``"st"`` (standalone: both trained)."""
+        return "pg" if self.frozen else "st"
+
+    def train(self, mode: bool = True) -> GatedNetwork:
+        super().train(mode)
+        if self.frozen:  # pretrained gates stay fixed, batch-norm statistics included
+            self.gating.eval()
+        return self
+
+    def gate(self, q: Tensor) -> Tensor:
+        """``1{q > 0}`` (``temperature = 0``) or ``sigmoid(q / temperature)``, Appendix D.1 of
+        :cite:`lakshminarayanan2022explicitising`."""
+        if self.temperature == 0:
+            return (q > 0).to(q.dtype)
+        return torch.sigmoid(q * (1 / self.temperature))  # 1 / 0.1 == 10.0 exactly: the papers' beta q
+
+    def gating_preactivations(self, x: Tensor) -> list[Tensor]:
+        """``q^g_l(x)`` for every gate site ``l`` of the gating network (unpermuted)."""
+        return self.gating.preactivations(x)
+
+    def value_gates(self, q: Sequence[Tensor]) -> list[Tensor]:
+        """The gates of the value sites from the gating pre-activations ``q``: site ``l`` gets
+        ``G(q[pi(l)])``. The one place where the permutation is applied."""
+        return [self.gate(q[i]) for i in self.permutation]
+
+    def _run_value(self, x: Tensor, gates: list[Tensor]) -> Tensor:
+        for site, g in zip(self._value_sites, gates):
+            site.gate = g
+        try:
+            return self.value(torch.ones_like(x) if self.value_input == "ones" else x)
+        finally:
+            for site in self._value_sites:
+                site.gate = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._run_value(x, self.value_gates(self.gating_preactivations(x)))
+
+    def trace(self, x: Tensor) -> GatedTrace:
+        """Run the network and return every intermediate of :class:`GatedTrace` (for figures and tests)."""
+        q = self.gating_preactivations(x)
+        gates = self.value_gates(q)
+        with _site_inputs(self._value_sites) as qv:
+            out = self._run_value(x, gates)
+        own = [qi if self.gating.linear else torch.relu(qi) for qi in q]
+        return GatedTrace(out, q, own, gates, list(qv), [a * g for a, g in zip(qv, gates)])
+
+    def extra_repr(self) -> str:
+        perm = "identity" if self.permutation == tuple(range(len(self.permutation))) else str(self.permutation)
+        return (f"arch={self.arch.name if self.arch else None}, kind={self.kind}, mode={self.mode}, "
+                f"value_input={self.value_input!r}, temperature={self.temperature:g}, permutation={perm}")
+
+
+def _check_network(net: nn.Module, name: str) -> nn.Module:
+    """``net`` (a copy of ours) must hold only layers :mod:`dualview.gates` supports; checked in eval mode,
+    because batch norm in training mode is fine for training a gated network."""
+    modes = [(m, m.training) for m in net.modules()]
+    net.eval()
+    try:
+        check_supported(net)
+    except TypeError as err:
+        raise type(err)(f"the {name} network: {err}") from err
+    finally:
+        for m, training in modes:
+            m.training = training
+    return net
+
+
+# --------------------------------------------------------------------------------------------------
+# Building the papers' networks
+
+
+def _check_choice(name: str, value, allowed: Sequence) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def _check_permutation(arch: Architecture, permutation: Sequence[int]) -> tuple[int, ...]:
+    shapes = site_shapes(arch)
+    n = len(shapes)
+    perm = tuple(int(i) for i in permutation)
+    if sorted(perm) != list(range(n)):
+        raise ValueError(f"permutation must be a permutation of range({n}) (one entry per gate site of "
+                         f"{arch.name}), got {tuple(permutation)}")
+    for value_site, gating_site in enumerate(perm):
+        if shapes[gating_site] != shapes[value_site]:
+            raise ValueError(
+                f"permutation sends the gates of gating layer {gating_site} (shape {shapes[gating_site]}) to "
+                f"value layer {value_site} (shape {shapes[value_site]}): gates can only move between layers of "
+                f"the same shape. Permute within the blocks of {arch.name} ({site_blocks(arch)}), e.g. "
+                f"reverse_within_blocks(arch) = {reverse_within_blocks(arch)}"
+            )
+    return perm
+
+
+def build(arch: Architecture, kind: Literal["dnn", "linear", "dgn", "dlgn"] = "dnn", *, value_input: Literal["x", "ones"] = "x",
+          gating: Literal["deep", "shallow"] = "deep", temperature: float | None = None,
+          permutation: Sequence[int] | None = None, pretrained: nn.Module | None = None) -> nn.Module:
+    """Build the network ``kind`` of architecture ``arch``.
+
+    * ``"dnn"``: the ReLU network; ``"linear"``: the same with every ReLU replaced by the identity
+      (CONV1-LIN, VGG-LIN, VGG-LIN-MAX of Figure 4 of :cite:`lakshminarayanan2022explicitising`);
+    * ``"dgn"`` / ``"dlgn"``: a :class:`GatedNetwork` whose gating network has ReLUs / none.
+      ``value_input``: ``"x"`` or ``"ones"`` (constant input to the value network);
+      ``gating="shallow"``: shallow-feature gating (DLGN only, it is linear);
+      ``temperature``: 0 for hard gates ``1{q > 0}``, else soft gates ``sigmoid(q / temperature)``
+      (default: 0.1, the papers' ``beta = 10``, for standalone training; 0 with ``pretrained``);
+      ``permutation[l]`` is the gating layer whose gates value layer ``l`` receives (only between
+      layers of equal shape); ``pretrained``: a trained DNN of the same architecture used, frozen, as
+      gating network (pretrained-gates mode, PG); it is copied, never modified. Without it both
+      networks are initialised at random and trained together (standalone mode, ST).
+    """
+    if not isinstance(arch, Architecture):
+        raise TypeError(f"arch must be an Architecture (e.g. Architecture.fc(), Architecture.c4gap()), "
+                        f"got {type(arch).__name__}")
+    _check_choice("kind", kind, ("dnn", "linear", "dgn", "dlgn"))
+    _check_choice("value_input", value_input, ("x", "ones"))
+    _check_choice("gating", gating, ("deep", "shallow"))
+    if kind in ("dnn", "linear"):
+        options = dict(value_input=value_input == "x", gating=gating == "deep", temperature=temperature is None,
+                       permutation=permutation is None, pretrained=pretrained is None)
+        bad = [k for k, ok in options.items() if not ok]
+        if bad:
+            raise ValueError(f"{', '.join(bad)} only apply to gated networks (kind 'dgn' or 'dlgn'), not to {kind!r}")
+        return arch.network(linear=kind == "linear")
+    temperature = _check_temperature((0.0 if pretrained is not None else 0.1) if temperature is None else temperature)
+    if gating == "shallow" and kind == "dgn":
+        raise ValueError("shallow gating is linear (one linear layer per gate layer): use kind='dlgn' "
+                         "(the DLGN-SF of the papers)")
+    if pretrained is not None:
+        if gating == "shallow":
+            raise ValueError("pretrained gates come from a deep network: use gating='deep' with pretrained=")
+        if not isinstance(pretrained, nn.Module):
+            raise TypeError(f"pretrained must be the trained network (an nn.Module), got {type(pretrained).__name__}")
+        pre_sites = gate_sites(pretrained)
+        want_linear = kind == "dlgn"
+        if len(pre_sites) != len(site_shapes(arch)) or any(isinstance(s, LinearSite) != want_linear for s in pre_sites):
+            raise ValueError(
+                f"pretrained must be a {'linear network' if want_linear else 'DNN'} of architecture {arch.name} "
+                f"(build(arch, {'linear' if want_linear else 'dnn'!r}) trained), with {len(site_shapes(arch))} "
+                f"gate sites; it has {len(pre_sites)}"
+            )
+        gating_net = pretrained
+    else:
+        gating_net = arch.network(linear=kind == "dlgn")
+    gating_module = ShallowGating(arch) if gating == "shallow" else gating_net
+    perm = _check_permutation(arch, permutation if permutation is not None else range(len(site_shapes(arch))))
+    model = GatedNetwork(arch.network(), gating_module, value_input=value_input, temperature=temperature,
+                         permutation=perm, frozen=pretrained is not None, arch=arch)
+    reference = next(pretrained.parameters(), None) if pretrained is not None else None
+    return model.to(reference.device) if reference is not None else model  # next to the pretrained gates
+
+
+# --------------------------------------------------------------------------------------------------
+# Gate-layer permutations
+
+
+def reverse_within_blocks(arch: Architecture) -> tuple[int, ...]:
+    """The permutation the papers use for VGG and ResNet: the gates of each block in reverse order
+    (Figure 6 of :cite:`lakshminarayanan2022explicitising`). For FC/conv-GAP: all sites reversed."""
+    perm: list[int] = []
+    for block in site_blocks(arch):
+        perm.extend(reversed(block))
+    return tuple(perm)
+
+
+def sample_permutations(n: int, k: int | None = None, seed: int = 0) -> list[tuple[int, ...]]:
+    """``k`` distinct non-identity permutations of ``range(n)`` (all ``n! - 1`` if ``k`` is None),
+    in a seeded random order; for FC4 / C4GAP, ``n = 4`` gives the papers' 23 permutations."""
+    if n < 2 or n > 8:
+        raise ValueError(f"n must be between 2 and 8 (n! permutations are listed), got {n}")
+    everything = [p for p in itertools.permutations(range(n)) if p != tuple(range(n))]
+    if k is None:
+        k = len(everything)
+    if not 1 <= k <= len(everything):
+        raise ValueError(f"k must be between 1 and {len(everything)} for n = {n}, got {k}")
+    order = torch.randperm(len(everything), generator=torch.Generator().manual_seed(seed))[:k]
+    return [everything[i] for i in order.tolist()]
+
+
+def gated_forward_reference(model: GatedNetwork, x: Tensor) -> Tensor:
+    """The output of a DGN with hard gates computed with :mod:`dualview.gates` instead of GaLU modules.
+
+    The gating network's ReLU gates are recorded with :func:`dualview.gates.record_gates`; a copy of
+    the value network with ReLUs in place of GaLUs is run with :func:`dualview.gates.run_with_gates`,
+    its ``l``-th ReLU (in module order) given the recorded gate of the gating network's ReLU ``pi(l)``.
+    A slow, independent check of :meth:`GatedNetwork.forward`.
+    """
+    if model.temperature != 0 or not isinstance(model.gating, DeepGating) or model.gating.linear:
+        raise ValueError("the reference covers DGNs with deep ReLU gating and hard gates (temperature 0)")
+    rec = record_gates(model.gating.net, x)
+    gating_names = [n for n, m in model.gating.net.named_modules() if isinstance(m, nn.ReLU)]
+    relu_value = replace_gate_sites(copy.deepcopy(model.value), nn.ReLU, sites=(GaLU,))
+    value_names = [n for n, m in relu_value.named_modules() if isinstance(m, nn.ReLU)]
+    given = {name: rec.gates[gating_names[model.permutation[l]]] for l, name in enumerate(value_names)}
+    xv = torch.ones_like(x) if model.value_input == "ones" else x
+    return run_with_gates(relu_value, xv, given)

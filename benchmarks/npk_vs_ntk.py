@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dualview
-from dualview import data, dgn, nets, npk, ntk
+from dualview import data, dgn, nets, npk, ntk, splits
 
 
 def fc(width: int, depth: int) -> nn.Sequential:
@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
 
     dualview.seed_everything(0)
-    x = data.subset_per_class(data.load_mnist("test"), args.n // 10, seed=0).x
+    x = splits.subset_per_class(data.load_mnist("test"), args.n // 10, seed=0).x
     gating, value = fc(args.width, args.depth).eval(), fc(args.width, args.depth)
     fixed = dgn.GatedNetwork(value, gating)   # value with the fixed gates of gating
 

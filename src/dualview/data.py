@@ -50,8 +50,6 @@ __all__ = [
     "load_imagenette",
     "make_ixor",
     "ixor_labels_reference",
-    "train_test_split",  # moving to dualview.splits once the chapters are updated (issue 13)
-    "subset_per_class",
 ]
 
 MNIST_CLASSES: tuple[str, ...] = tuple(str(d) for d in range(10))
@@ -425,78 +423,3 @@ def ixor_labels_reference(x: Tensor) -> Tensor:
     """IXOR labels of given points, one sample at a time (slow reference for :func:`make_ixor`)."""
     labels = [1 if (x1 * x2 > 0 and x3 > 0.5) else 0 for x1, x2, x3 in x.double().tolist()]
     return torch.tensor(labels, dtype=torch.int64)
-
-
-# --------------------------------------------------------------------------------------------------
-# Splits and subsets
-
-
-def _grouped_by_class(y: Tensor, seed: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Indices sorted by class, in a seeded random order within each class.
-
-    Returns ``(order, rank, counts)``: ``order[i]`` is a sample index, ``rank[i]`` its position
-    within its class and ``counts[c]`` the size of class ``c``.
-    """
-    if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    y = y.cpu()
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(int(seed)))
-    order = perm[torch.argsort(y[perm], stable=True)]
-    counts = torch.bincount(y)
-    starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(len(y)) - starts[y[order]]
-    return order, rank, counts
-
-
-def _apportion(counts: Tensor, total: int) -> Tensor:
-    """Split ``total`` over classes in proportion to ``counts`` (largest remainders), summing exactly."""
-    exact = counts.double() * total / counts.sum()
-    share = exact.floor().long()
-    left = total - int(share.sum())
-    share[torch.argsort(exact.floor() - exact, stable=True)[:left]] += 1
-    return share
-
-
-def train_test_split(data: ImageData, test_size: int | float, seed: int) -> tuple[ImageData, ImageData]:
-    """A seeded split into ``(train, test)`` that keeps every class's share (stratified).
-
-    ``test_size``: a number of samples ``1 <= test_size < len(data)``, or a fraction
-    ``0 < test_size < 1`` of ``len(data)`` (rounded). Each class gives its share of the test set
-    (largest remainders, so the sizes add up exactly). Both parts keep the original order.
-    """
-    n = len(data)
-    if isinstance(test_size, bool) or not isinstance(test_size, numbers.Real):
-        raise ValueError(f"test_size must be an int (a count) or a float (a fraction), got {test_size!r}")
-    if isinstance(test_size, numbers.Integral):
-        n_test = int(test_size)
-    elif 0 < test_size < 1:
-        n_test = round(float(test_size) * n)
-    else:
-        raise ValueError(f"a fractional test_size must lie strictly between 0 and 1, got {test_size!r}")
-    if not 1 <= n_test <= n - 1:
-        raise ValueError(
-            f"test_size={test_size!r} gives {n_test} test samples out of {n}; both parts must be non-empty"
-        )
-    order, rank, counts = _grouped_by_class(data.y, seed)
-    is_test = rank < _apportion(counts, n_test)[data.y.cpu()[order]]
-    train, test = order[~is_test].sort().values, order[is_test].sort().values
-
-    def part(index: Tensor, name: str) -> ImageData:
-        note = f"; stratified {name} split (seed {seed}): {len(index)} of {n}"
-        return ImageData(data.x[index], data.y[index], data.classes, data.source + note)
-
-    return part(train, "train"), part(test, "test")
-
-
-def subset_per_class(data: ImageData, n_per_class: int, seed: int) -> ImageData:
-    """A seeded, balanced subset: ``n_per_class`` random samples of every class present in ``data``."""
-    if isinstance(n_per_class, bool) or not isinstance(n_per_class, numbers.Integral) or n_per_class < 1:
-        raise ValueError(f"n_per_class must be a positive int, got {n_per_class!r}")
-    order, rank, counts = _grouped_by_class(data.y, seed)
-    small = [(c, int(k)) for c, k in enumerate(counts) if 0 < k < n_per_class]
-    if small:
-        names = ", ".join(f"{data.classes[c] if c < len(data.classes) else c!r}: {k}" for c, k in small)
-        raise ValueError(f"n_per_class={n_per_class} but some classes have fewer samples ({names})")
-    keep = order[rank < n_per_class].sort().values
-    note = f"; {n_per_class} per class (seed {seed})"
-    return ImageData(data.x[keep], data.y[keep], data.classes, data.source + note)

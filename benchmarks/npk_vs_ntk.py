@@ -3,7 +3,7 @@
 Same fully connected network (784 -> 128 x 4 -> 1, the value network of a DGN whose gates come from a
 ReLU network of the same shape), same 1,000 MNIST test images. The NTK is taken with respect to the
 value-network weights (``dualview.ntk.empirical_ntk``, torch.func Jacobians contracted in
-blocks); the NPK with ``dualview.npk.npk_fc`` (gates recorded once, then one matrix product per
+blocks); the NPK with ``dualview.npk_fc.npk_fc`` (gates recorded once, then one matrix product per
 layer). Each is timed several times, side by side in one run, and the medians are compared.
 Prints one JSON line. Goal: the NPK at least 100x faster than the NTK.
 
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 import dualview
-from dualview import data, dgn, nets, npk, ntk, splits
+from dualview import data, dgn, nets, npk_fc, ntk, splits
 
 
 def fc(width: int, depth: int) -> nn.Sequential:
@@ -41,7 +41,7 @@ def main() -> None:
     fixed = dgn.GatedNetwork(value, gating)   # value with the fixed gates of gating
 
     def npk_side() -> torch.Tensor:
-        return npk.npk_fc(value, x, gating=gating, dtype=torch.float32)
+        return npk_fc.npk_fc(value, x, gating=gating, dtype=torch.float32)
 
     def ntk_side() -> torch.Tensor:
         return ntk.empirical_ntk(fixed, x, params="value", chunk_size=50)

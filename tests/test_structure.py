@@ -10,6 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dualview"
 
 # lowest first; a module may import only from layers before its own (and from the package root)
 LAYERS = [
+    ["download"],
     ["data", "stats", "train"],
     ["nets", "splits"],
     ["gates", "zoo"],
@@ -17,9 +18,9 @@ LAYERS = [
     ["paths"],
     ["architectures"],
     ["dgn"],
-    ["npk", "receptive_fields"],
+    ["npk_fc", "receptive_fields"],
     ["ntk", "npk_conv", "npk_resnet", "hyperplanes", "pullbacks", "projections", "leveling"],
-    ["levels"],
+    ["npk", "levels"],
     ["plot"],
 ]
 

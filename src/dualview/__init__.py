@@ -5,7 +5,8 @@ One module per concept, in the order of the book:
 * :mod:`dualview.paths`: neural path features and values, path activity (hard or soft), counting paths (Chapter 1);
 * :mod:`dualview.nets`: the plain ReLU networks of the book, no weights;
 * :mod:`dualview.gates`: the instrumentation context and its rules: recording and imposing the gates of any supported network;
-* :mod:`dualview.npk`: the neural path kernel of fully connected networks, base kernels, kernel machines (Chapter 2);
+* :mod:`dualview.npk`: the NPK of any supported network (one entry point), kernel machines (Chapters 2-4);
+* :mod:`dualview.npk_fc`: the product-form NPK of fully connected networks, base kernels, the memory budget (Chapter 2);
 * :mod:`dualview.ntk`: the empirical NTK and its constant relation to the NPK (Chapter 2);
 * :mod:`dualview.npk_conv`: the rotation-sum NPK of convolutional networks with global pooling (Chapter 3);
 * :mod:`dualview.npk_resnet`: the ensemble-sum NPK of residual networks (Chapter 4);

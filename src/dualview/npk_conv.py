@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview.gates import UnsupportedLayerError, check_supported, record_gates
-from dualview.npk import DEFAULT_MEMORY_BUDGET, check_memory_budget
+from dualview.npk_fc import DEFAULT_MEMORY_BUDGET, check_memory_budget
 
 __all__ = [
     "ConvStructure",

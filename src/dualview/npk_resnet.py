@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from dualview.gates import UnsupportedLayerError, record_gates
 from dualview.nets import FCResNet
-from dualview.npk import neural_path_features_from_gates_reference, npk_from_gates
+from dualview.npk_fc import neural_path_features_from_gates_reference, npk_from_gates
 from dualview.paths import neural_path_values
 
 __all__ = [
@@ -98,7 +98,7 @@ def npk_resnet(model: nn.Module, x1: Tensor, x2: Tensor | None = None, *, dtype:
 def npk_resnet_subnetwork(model: nn.Module, x1: Tensor, x2: Tensor | None = None, subset: Sequence[int] = (),
                           *, dtype: torch.dtype = torch.float64) -> Tensor:
     """``NPK_J``: the NPK of the sub-network through the residual blocks ``subset`` (0-based), with the
-    ResNet's own gates (one term of Theorem 3.3); the product form of :func:`~dualview.npk.npk_from_gates`."""
+    ResNet's own gates (one term of Theorem 3.3); the product form of :func:`~dualview.npk_fc.npk_from_gates`."""
     model.subnetwork(subset)  # checks the block indices
     g1 = resnet_gates(model, x1, dtype)
     g2 = g1 if x2 is None else resnet_gates(model, x2, dtype)

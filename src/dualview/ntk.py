@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jacrev, vmap
 
-from dualview.npk import DEFAULT_MEMORY_BUDGET, check_memory_budget
+from dualview.npk_fc import DEFAULT_MEMORY_BUDGET, check_memory_budget
 
 __all__ = [
     "sign_init_",

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import gates, paths
+from dualview import gates, nets, paths
 
 
 def random_fc(widths: list[int], bias, seed: int) -> nn.Sequential:
@@ -218,3 +218,19 @@ def test_activity_ignores_zero_inputs_and_a_zero_preactivation_closes_the_gate()
     assert not A[:, idx[:, 1] == 1].any(), "no path through a unit with q = 0 is active"
     phi = paths.neural_path_features(net, x)
     assert (phi[:, from_zero_pixel] == 0).all()
+
+
+def test_unit_network_sums_the_input_over_its_paths():
+    # with every weight 1 and no bias, output = sum over paths of z[p_0]: for a fully connected network,
+    # sum(z) times the number of paths from one input unit to the output (the product of the hidden widths)
+    torch.manual_seed(0)
+    model = nets.relu_mlp([4, 3, 5, 2], bias=True).float()
+    unit = paths.unit_network(model)
+    z = torch.rand(6, 4, dtype=torch.float64) + 0.1           # positive: every gate of the unit network is on
+    with torch.no_grad():
+        out = unit(z)
+    assert unit is not model and out.dtype == torch.float64 and not unit.training
+    torch.testing.assert_close(out, z.sum(1, keepdim=True).expand(6, 2) * 3 * 5)
+    assert all(bool((m.weight == 1).all()) and bool((m.bias == 0).all())
+               for m in unit.modules() if isinstance(m, nn.Linear))
+    assert float(model[0].weight.abs().max()) != 1.0          # the original is untouched

@@ -51,6 +51,12 @@ def test_heatmap_grid_layout_and_cells():
     fig = plot.heatmap_grid(images, {"scaled": torch.rand(3, 1, 4, 4)}, as_images=True)
     assert fig.axes[1].images[0].get_cmap().name == "gray"
     plt.close(fig)
+    rgb = torch.randn(3, 3, 4, 4) * 5 + 2                      # RGB maps far outside [0, 1]
+    fig = plot.heatmap_grid(images, {"rescaled": rgb}, rescale=True)
+    shown = fig.axes[3].images[0].get_array()                  # row 1's map, (H, W, C) in [0, 1]
+    want = (rgb[1] - rgb[1].min()) / (rgb[1].max() - rgb[1].min())   # min-max over all its channels
+    np.testing.assert_allclose(shown, want.permute(1, 2, 0).numpy(), rtol=1e-5, atol=1e-6)
+    plt.close(fig)
 
 
 def test_heatmap_grid_refuses_columns_of_the_wrong_length():

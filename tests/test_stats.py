@@ -175,3 +175,17 @@ def test_relative_error_by_hand():
     assert stats.relative_error(torch.ones(3), torch.zeros(3)) > 1e300  # any difference to an all-zero reference
     with pytest.raises(ValueError, match="one shape"):
         stats.relative_error(torch.ones(2), torch.ones(3))
+
+
+def test_a_single_seed_row_is_bootstrapped_over_its_points():
+    # (1, points): no seed to resample, so the interval is the 1-D bootstrap of that row, to the digit,
+    # and a paired comparison of two single-seed rows equals the 1-D paired one
+    rng = np.random.default_rng(3)
+    a, b = rng.random(200), rng.random(200) + 0.05
+    row = stats.bootstrap_interval(a[None])
+    flat = stats.bootstrap_interval(a)
+    assert (row.low, row.high, row.n, row.method) == (flat.low, flat.high, flat.n, flat.method)
+    two = stats.bootstrap_interval(np.stack([a, b]))               # two seeds: the two-way bootstrap
+    assert two.method == "bootstrap over seeds and points"
+    c_row, c_flat = stats.paired_comparison(a[None], b[None]), stats.paired_comparison(a, b)
+    assert (c_row.difference.low, c_row.difference.high) == (c_flat.difference.low, c_flat.difference.high)

@@ -40,7 +40,8 @@ from dualview.surrogates import check_temperature, soft_gates
 __all__ = [
     "fc_layers", "path_index", "path_activity", "neural_path_features", "neural_path_values",
     "neural_path_features_reference", "neural_path_values_reference",
-    "fc_path_count", "conv_path_count", "resnet_path_count", "parameter_count", "PathCount", "count_paths",
+    "fc_path_count", "conv_path_count", "resnet_path_count", "parameter_count", "unit_network", "PathCount",
+    "count_paths",
 ]
 
 
@@ -351,11 +352,12 @@ class _SumPool(nn.Module):
         return out * math.prod(i // o for i, o in zip(ins, outs))
 
 
-def _unit_network(model: nn.Module) -> nn.Module:
+def unit_network(model: nn.Module) -> nn.Module:
     """A float64 copy of ``model`` in which every edge has weight 1 and there are no biases.
 
     Running it on an all-ones input counts paths: each unit receives the number of paths from the
-    input that reach it.
+    input that reach it; running it with imposed gates on an input ``z`` sums ``z[p_0]`` over the
+    active paths (Chapters 2 and 4 check kernel formulas against such path sums).
     """
     unit = copy.deepcopy(model).double().eval()
     for name, m in list(unit.named_modules()):
@@ -434,7 +436,7 @@ def count_paths(model: nn.Module, x: Tensor | None = None, input_shape: tuple[in
         raise ValueError("give the inputs x or the input_shape of one input")
     shape = tuple(x.shape[1:]) if x is not None else tuple(input_shape)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    unit = _unit_network(model).to(device)
+    unit = unit_network(model).to(device)
     ones = torch.ones((1, *shape), dtype=torch.float64, device=device)
 
     def run(gates=None, pools=None, n=1) -> dict[str, Tensor]:  # paths reaching each layer, per input

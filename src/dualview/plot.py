@@ -86,16 +86,24 @@ def image_grid(images, titles=None, ncols: int = 8, cmap: str = "gray", size: fl
 
 def heatmap_grid(images, maps: Mapping[str, object], row_names: Sequence[str] | None = None,
                  title: str | None = None, image_title: str = "input", size: float = 1.9,
-                 as_images: bool = False):
+                 as_images: bool = False, rescale: bool = False):
     """One row per input: the input image, then one cell per entry of ``maps``; returns the figure.
 
     ``images``: ``(N, C, H, W)`` (or ``(N, H, W)``); ``maps``: ``{column title: (N, ...) maps}``, one map
     per input, each shown as a red/blue :func:`heatmap` on its own scale (``as_images``: as images, for
-    maps already scaled to ``[0, 1]``). ``row_names`` label the rows. The layout of an attribution
-    figure: inputs down the side, one method (or target, or network) per column.
+    maps already scaled to ``[0, 1]``; ``rescale``: as images after a min-max rescaling of each map to
+    ``[0, 1]``, all channels together, like torchvision's ``make_grid(scale_each=True)``). ``row_names``
+    label the rows. The layout of an attribution figure: inputs down the side, one method (or target,
+    or network) per column.
     """
     imgs = _np(images)
     cols = {name: _np(v) for name, v in maps.items()}
+    if rescale:
+        as_images = True
+        for name, v in cols.items():
+            flat = v.reshape(len(v), -1)
+            low, high = flat.min(1, keepdims=True), flat.max(1, keepdims=True)
+            cols[name] = ((flat - low) / np.maximum(high - low, 1e-12)).reshape(v.shape)
     wrong = {name: len(v) for name, v in cols.items() if len(v) != len(imgs)}
     if wrong or (row_names is not None and len(row_names) != len(imgs)):
         raise ValueError(f"heatmap_grid needs one map per input ({len(imgs)} inputs) in every column and "

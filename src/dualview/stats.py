@@ -136,6 +136,11 @@ def _as_array(values: Any, name: str = "values") -> np.ndarray:
     return arr
 
 
+def _one_seed_as_points(x: np.ndarray) -> np.ndarray:
+    """A ``(1, points)`` matrix of one seed's scores as the 1-D ``(points,)``: there is no seed to resample."""
+    return x[0] if x.ndim == 2 and x.shape[0] == 1 else x
+
+
 def over_seeds(run: Callable[[int], Any], seeds: int | Sequence[int], *, base: int = 0,
                progress: bool = True) -> Any:
     """Run ``run(seed)`` for every seed, each after ``dualview.seed_everything(seed)``, and stack the results.
@@ -234,13 +239,14 @@ def bootstrap_interval(values: Any, level: float = 0.95, *, n_resamples: int = 4
 
     ``values`` holds one score per test point (1-D; e.g. 1/0 for a correct/wrong prediction) or one per seed
     and test point (2-D, ``seeds x points``): then seeds and test points are resampled independently, so the
-    interval covers both the training randomness and the choice of test points. The interval is the
-    ``(1-level)/2`` and ``(1+level)/2`` quantiles of the resampled means; the estimate is the plain mean.
+    interval covers both the training randomness and the choice of test points; a single seed
+    ``(1, points)`` is bootstrapped over its points as 1-D. The interval is the ``(1-level)/2`` and
+    ``(1+level)/2`` quantiles of the resampled means; the estimate is the plain mean.
     """
     _check_level(level)
     if not (isinstance(n_resamples, int) and n_resamples >= 100):
         raise ValueError(f"n_resamples must be an int >= 100 (4000 is the default), got {n_resamples!r}")
-    x = _as_array(values)
+    x = _one_seed_as_points(_as_array(values))
     if x.ndim not in (1, 2):
         raise ValueError(f"values must be 1-D (points) or 2-D (seeds x points), got shape {tuple(x.shape)}")
     means = _resampled_means(x, n_resamples, np.random.default_rng(seed))
@@ -257,12 +263,13 @@ def paired_comparison(a: Any, b: Any, level: float = 0.95, *, over: str = "point
     - ``over="points"``: ``a``, ``b`` are 1-D per-point scores; paired bootstrap over the points.
     - ``over="seeds"``: ``a``, ``b`` are 1-D per-seed results of runs that share their seeds; t interval of
       the paired differences.
-    - a 2-D ``seeds x points`` pair is always bootstrapped over seeds and points (``over`` is ignored).
+    - a 2-D ``seeds x points`` pair is always bootstrapped over seeds and points (``over`` is ignored);
+      with a single seed, ``(1, points)``, over the points.
 
     Pairing removes the variation the two methods share (the same hard test points, the same seed), so it
     detects differences that two separate intervals would hide.
     """
-    xa, xb = _as_array(a, "a"), _as_array(b, "b")
+    xa, xb = _one_seed_as_points(_as_array(a, "a")), _one_seed_as_points(_as_array(b, "b"))
     if xa.shape != xb.shape:
         raise ValueError(f"a and b must be scored on the same points/seeds: shapes {xa.shape} and {xb.shape} differ")
     if over not in ("points", "seeds"):

@@ -129,16 +129,6 @@ def test_cifar10_jpeg_test_set(cifar):
     assert cifar.classes == CIFAR10_CLASSES and "JPEG" in cifar.source
 
 
-def test_cifar10_falls_back_to_torchvision_and_says_lossless(monkeypatch, tmp_path):
-    def fake_cifar(root, train, download):
-        assert root == tmp_path / "cifar10" and not train and download
-        return torch.zeros(4, 3, 32, 32, dtype=torch.uint8), torch.arange(4)
-
-    monkeypatch.setattr(D, "_torchvision_cifar10", fake_cifar)
-    d = load_cifar10(root=tmp_path)
-    assert len(d) == 4 and "lossless" in d.source
-
-
 # ---------------------------------------------------------------------------------------- digits
 
 
@@ -273,19 +263,17 @@ def test_missing_data_names_paths_and_how_to_fix(monkeypatch, tmp_path, load, sp
     message = str(info.value)
     assert isinstance(info.value, FileNotFoundError)
     assert str(tmp_path / expected) in message and "DUALVIEW_DATA" in message
-    assert ("network" in message) == (split != "train5k")  # train5k has no download
+    assert "network" in message and "DUALVIEW_MIRROR" in message
+    assert not list(tmp_path.rglob("*"))  # download=False: nothing was fetched or created
 
 
-def test_failed_download_is_a_clear_error(monkeypatch, tmp_path):
-    def offline(*args, **kwargs):
-        raise OSError("no network here")
-
-    monkeypatch.setattr(D, "_download_mnist", offline)
-    monkeypatch.setattr(D, "_torchvision_cifar10", offline)
-    with pytest.raises(DataNotFoundError, match="(?s)DUALVIEW_DATA.*no network here"):
-        load_mnist("test", root=tmp_path)
-    with pytest.raises(DataNotFoundError, match="(?s)cifar10/test.*no network here"):
-        load_cifar10("test", root=tmp_path)
+@pytest.mark.parametrize("load, split", [(load_mnist, "test"), (load_mnist, "train5k"), (load_cifar10, "test")])
+def test_failed_download_is_a_clear_error(monkeypatch, tmp_path, load, split):
+    monkeypatch.setenv("DUALVIEW_MIRROR", "http://127.0.0.1:9")  # the discard port: connection refused
+    with pytest.raises(DataNotFoundError, match="(?s)DUALVIEW_DATA.*The download failed.*127.0.0.1:9/") as info:
+        load(split, root=tmp_path)
+    assert str(tmp_path) in str(info.value)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no partial file left behind
 
 
 @pytest.mark.parametrize(

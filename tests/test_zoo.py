@@ -80,8 +80,8 @@ def test_registry():
     ]
     for name, spec in PRETRAINED.items():
         assert spec.name == name and len(spec.sha256) == 64 and spec.licence
-        assert (spec.url is not None) == name.startswith("resnet")
-        if spec.url is not None:
+        assert spec.url.startswith("https://")
+        if name.startswith("resnet"):
             assert spec.url.endswith("/pretrained_models/" + spec.filename)
             assert spec.filename == f"{name}-{spec.sha256[:8]}.th"  # akamaster names files by hash
         model = nn.Sequential(spec.preprocess(), spec.build()).eval()
@@ -191,13 +191,11 @@ def test_missing_weights(monkeypatch, tmp_path, name):
         load_pretrained(name, download=False)
     message = str(info.value)
     assert str(tmp_path / "weights" / PRETRAINED[name].filename) in message and "DUALVIEW_DATA" in message
-    assert ("no public download URL" in message) == (PRETRAINED[name].url is None)
+    assert PRETRAINED[name].url in message and "DUALVIEW_MIRROR" in message
 
 
 def test_failed_download(monkeypatch, tmp_path):
-    def offline(url, dst, **kwargs):
-        raise OSError("no network here")
-
-    monkeypatch.setattr(torch.hub, "download_url_to_file", offline)
-    with pytest.raises(DataNotFoundError, match="(?s)akamaster.*no network here"):
+    monkeypatch.setenv("DUALVIEW_MIRROR", "http://127.0.0.1:9")  # the discard port: connection refused
+    with pytest.raises(DataNotFoundError, match="(?s)akamaster.*download failed.*127.0.0.1:9/github.com/akamaster"):
         load_pretrained("resnet20", root=tmp_path)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

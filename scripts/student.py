@@ -111,12 +111,13 @@ def _colab_button_to_student(app, pagename, templatename, context, doctree) -> N
     """html-page-context (after sphinx-book-theme's launch buttons): a chapter's Colab button opens its
     student notebook."""
     student = STUDENT / f"{Path(pagename).name}.ipynb"
-    if not student.exists():
-        return
 
     def visit(buttons):
         for button in buttons:
             if button.get("text") == "Colab":
+                if not student.exists():
+                    raise RuntimeError(f"{pagename}: the course build links its Colab button to "
+                                       f"{student.relative_to(ROOT)}, which does not exist; run `make student`")
                 button["url"] = colab_link(student)
             visit(button.get("buttons", []))
 

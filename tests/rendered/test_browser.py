@@ -45,8 +45,8 @@ def chromium_dom(url: str) -> str:
     """The DOM of `url` after Chromium ran its scripts (the `--dump-dom` of a headless run)."""
     browser = shutil.which("chromium")
     if browser is None:
-        pytest.fail("chromium is not installed; the rendered pages are checked in it. Install it with "
-                    "`apt-get install -y chromium` (Debian package; .ci/run installs it in CI)")
+        pytest.fail(f"{url}: chromium is not installed, and the built pages are checked in it. Install it "
+                    "with `apt-get install -y chromium` (Debian package; .ci/run installs it in CI)")
     with tempfile.TemporaryDirectory(prefix="dualview-chromium-") as profile:
         run = subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
                               f"--virtual-time-budget={BUDGET_MS}", "--dump-dom", url],

@@ -126,3 +126,15 @@ def test_course_colab_button_opens_the_student_notebook(chapter):
     assert colab_links(COURSE_HTML / "book" / f"{chapter}.html") == [student_link]
     first_cell = nbformat.read(STUDENT / f"{chapter}.ipynb", as_version=4).cells[0].source
     assert f"({student_link})" in first_cell, f"{chapter}: the student notebook does not link {student_link}"
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_student_notebook_numbers_exercises_as_the_book(chapter):
+    """A teacher says "Exercise 21"; the student notebook and the course build must mean the same one."""
+    page = COURSE_HTML / "book" / f"{chapter}.html"
+    html_text(page)
+    captions = re.findall(r'<span class="caption-number">Exercise (\d+) ?</span>', page.read_text(encoding="utf-8"))
+    in_book = [int(n) for n in captions]
+    in_notebook = [int(n) for n in re.findall(r"\*\*Exercise (\d+)\.\*\*", notebook_text(STUDENT / f"{chapter}.ipynb"))]
+    assert in_book and in_notebook == in_book, f"{chapter}: exercises {in_notebook} in the student notebook, " \
+                                               f"{in_book} in the course build"

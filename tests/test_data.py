@@ -238,7 +238,7 @@ def test_imagenette_photos_as_imagenet_models_take_them():
 
 def test_imagenette_missing_names_the_paths(tmp_path):
     with pytest.raises(DataNotFoundError, match=r"(?s)Imagenette.*val-sample.*n01440764.*fastai/imagenette"):
-        D.load_imagenette(root=tmp_path)
+        D.load_imagenette(root=tmp_path, download=False)
     with pytest.raises(ValueError, match="size must be a positive int"):
         D.load_imagenette(size=0, root=tmp_path)
 

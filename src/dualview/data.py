@@ -28,8 +28,6 @@ import gzip
 import numbers
 import os
 import pickle
-import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -40,7 +38,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from dualview.download import fetch_missing
+from dualview.download import fetch_missing, unpack
 
 __all__ = [
     "MNIST_CLASSES",
@@ -287,16 +285,6 @@ def _read_jpeg_folder(folder: Path) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), labels
 
 
-def _extract_cifar10(root: Path) -> None:
-    """Unpack the downloaded tarball into ``root/cifar10/cifar-10-batches-py`` (all at once or not at all)."""
-    tarball = root / "cifar10" / "cifar-10-python.tar.gz"
-    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp, tarfile.open(tarball) as tar:
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(tmp, **safe)
-        os.replace(Path(tmp) / "cifar-10-batches-py", tarball.parent / "cifar-10-batches-py")
-    tarball.unlink()
-
-
 def _read_cifar_batches(folder: Path, split: str) -> tuple[Tensor, Tensor]:
     """The python version's pickled batches (``test_batch`` or ``data_batch_1..5``) as uint8
     ``(N, 3, 32, 32)`` images and labels, ordered class by class (the original order within a class)."""
@@ -346,7 +334,7 @@ def load_cifar10(
         error = fetch_missing(root, ["cifar10/cifar-10-python.tar.gz"], download)
         if error is None and download is not False:
             try:
-                _extract_cifar10(root)
+                unpack(root / "cifar10" / "cifar-10-python.tar.gz", batches, "cifar-10-batches-py/")
             except Exception as err:  # a read-only folder, a full disk, ...
                 error = err
     if not batches.is_dir():
@@ -369,26 +357,42 @@ _IMAGENETTE_WNIDS = ("n01440764", "n02102040", "n02979186", "n03000684", "n03028
 IMAGENETTE_IMAGENET_INDEX: tuple[int, ...] = (0, 217, 482, 491, 497, 566, 569, 571, 574, 701)
 
 
-def load_imagenette(size: int = 224, root: str | os.PathLike | None = None) -> ImageData:
-    """The Imagenette2 validation photos of the data directory, ``(N, 3, size, size)`` in ``[0, 1]``.
+def _first_ten_per_class(names: list[str]) -> list[str]:
+    return [n for w in _IMAGENETTE_WNIDS for n in [m for m in names if m.split("/")[-2] == w][:10]]
 
-    Reads ``imagenette/val-sample/<wnid>/*.JPEG`` (the offline data holds 10 per class), converts to
-    RGB (one class photo is greyscale), resizes the short side to ``size`` and crops the centre, as
-    ImageNet models expect. Labels follow :data:`IMAGENETTE_CLASSES`; map them to ImageNet's 1,000
-    classes with :data:`IMAGENETTE_IMAGENET_INDEX`. There is no download: the error says where to put
-    the images.
+
+def load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
+                    download: bool | None = None) -> ImageData:
+    """Imagenette2 validation photos, 10 per class, ``(N, 3, size, size)`` in ``[0, 1]``.
+
+    Reads ``imagenette/val-sample/<wnid>/*.JPEG`` (the offline data holds 10 per class, short side 224),
+    converts to RGB (one class photo is greyscale), resizes the short side to ``size`` and crops the
+    centre, as ImageNet models expect. Labels follow :data:`IMAGENETTE_CLASSES`; map them to
+    ImageNet's 1,000 classes with :data:`IMAGENETTE_IMAGENET_INDEX`. When the folder is missing (and
+    ``download`` is not ``False``), the first 10 validation photos by name of each class are taken
+    from fastai's ``imagenette2-320.tgz`` (326 MB, short side 320; the offline sample was taken the
+    same way, we believe, but at another resolution), and the tarball is deleted.
     """
     from torchvision.transforms import functional as TF
 
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
         raise ValueError(f"size must be a positive int, got {size!r}")
     folder = _root(root) / "imagenette" / "val-sample"
+    error = None
+    if not folder.exists():
+        error = fetch_missing(_root(root), ["imagenette/imagenette2-320.tgz"], download)
+        if error is None and download is not False:
+            try:
+                unpack(folder.parent / "imagenette2-320.tgz", folder, "imagenette2-320/val/", _first_ten_per_class)
+            except Exception as err:  # a read-only folder, a full disk, ...
+                error = err
     files = [sorted((folder / w).glob("*.JPEG")) for w in _IMAGENETTE_WNIDS]
     empty = [folder / w / "*.JPEG" for w, f in zip(_IMAGENETTE_WNIDS, files) if not f]
     if empty:
         hint = ("\nImagenette (https://github.com/fastai/imagenette) is a 10-class subset of ImageNet: copy "
                 "some validation images of each class (imagenette2/val/<wnid>/) into that layout.")
-        raise _not_found("Imagenette validation images", empty, "imagenette/val-sample/<wnid>/*.JPEG", None, hint)
+        raise _not_found("Imagenette validation images", empty, "imagenette/val-sample/<wnid>/*.JPEG",
+                         folder.parent, hint + _failed(error)) from error
     images = []
     for path in (p for f in files for p in f):
         with Image.open(path) as image:

@@ -16,14 +16,15 @@ import gzip
 import hashlib
 import os
 import shutil
+import tarfile
 import tempfile
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 __all__ = ["MIRROR_ENV", "DOWNLOADS", "ChecksumError", "DownloadError", "mirrored", "file_digest", "download",
-           "fetch_missing"]
+           "fetch_missing", "unpack"]
 
 #: The environment variable naming a mirror's base URL.
 MIRROR_ENV = "DUALVIEW_MIRROR"
@@ -141,6 +142,9 @@ DOWNLOADS: dict[str, tuple[str, str]] = {
         "sha256:846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"),
     "cifar10/cifar-10-python.tar.gz": (
         "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "md5:c58f30108f718f92721af3b95e74349a"),
+    # fastai's Imagenette2 with short sides of 320 pixels; the MD5 torchvision's Imagenette publishes
+    "imagenette/imagenette2-320.tgz": (
+        "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz", "md5:3df6f0d01a2c9592104656642f5e78a3"),
 }
 
 
@@ -158,3 +162,22 @@ def fetch_missing(root: Path, names: Sequence[str], allowed: bool | None = True)
     except Exception as err:  # no network, an HTTP error, a checksum mismatch, a read-only folder ...
         return err
     return None
+
+
+def unpack(tarball: Path, dest: Path, prefix: str,
+           choose: Callable[[list[str]], list[str]] = lambda names: names) -> Path:
+    """Extract the files of ``tarball`` under ``prefix`` (those ``choose`` keeps of their sorted names)
+    into the folder ``dest``, with ``prefix`` removed, then delete the tarball. All at once or not at
+    all: the files go to a temporary folder beside ``dest``, renamed to ``dest`` when complete."""
+    with tarfile.open(tarball) as tar, tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        members = {m.name: m for m in tar.getmembers() if m.isfile() and m.name.startswith(prefix)}
+        for name in choose(sorted(members)):
+            relative = Path(name[len(prefix):])
+            if relative.is_absolute() or ".." in relative.parts:
+                raise ValueError(f"{tarball}: refusing to extract {name!r} outside {dest}")
+            (Path(tmp, "out") / relative).parent.mkdir(parents=True, exist_ok=True)
+            with tar.extractfile(members[name]) as source, open(Path(tmp, "out") / relative, "wb") as out:
+                shutil.copyfileobj(source, out, 1 << 20)
+        os.replace(Path(tmp, "out"), dest)
+    tarball.unlink()
+    return dest

@@ -20,7 +20,7 @@ LAYERS = [
     ["dgn"],
     ["npk_fc", "receptive_fields"],
     ["ntk", "npk_conv", "npk_resnet", "hyperplanes", "pullbacks", "projections", "leveling"],
-    ["npk", "levels"],
+    ["npk", "levels", "explain"],
     ["plot"],
 ]
 

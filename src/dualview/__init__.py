@@ -15,11 +15,12 @@ One module per concept, in the order of the book:
 * :mod:`dualview.hyperplanes`: the effective hyperplanes of linearly gated networks, the dual-lifting ladder (Chapter 5);
 * :mod:`dualview.pullbacks`: excitation pullbacks, counterfactual ascent, gated linear models (Chapter 6);
 * :mod:`dualview.surrogates`: soft gates, the surrogate ReLU and soft max-pool, their gates rule (Chapter 6);
-* :mod:`dualview.metrics`: faithfulness (deletion, insertion) and smoothness of attribution maps (Chapter 6);
+* :mod:`dualview.metrics`: faithfulness (deletion, insertion) and smoothness of attribution maps, Quantus' metrics (Chapters 6, 9);
 * :mod:`dualview.projections`: switched linear projections and Insens (Chapter 7);
 * :mod:`dualview.receptive_fields`: switched weights of plain conv nets on receptive fields, Insens' fast path (Chapter 7);
 * :mod:`dualview.leveling`: feature leveling with routing gates, trained by :mod:`dualview.train` (Chapter 8);
 * :mod:`dualview.levels`: a trained leveling network pruned and read level by level (Chapter 8);
+* :mod:`dualview.explain`: one verb, ``attribute(model, x, target, method=...)``, over every attribution method (Chapter 9);
 * :mod:`dualview.data`: data sets, offline or downloaded, with clear errors;
 * :mod:`dualview.download`: downloads from the public sources (or ``$DUALVIEW_MIRROR``), checked before kept;
 * :mod:`dualview.splits`: splits and subsets, and the training/test sets of each profile;

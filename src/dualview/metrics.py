@@ -5,18 +5,23 @@ the scale-free smoothness measures :func:`total_variation` and :func:`high_frequ
 Chapter 6 compares excitation pullbacks (:mod:`dualview.pullbacks`) and plain gradients, a question
 the paper :cite:`satkiewicz2025tapping` answers by eye only. :func:`target_classes` reads the
 ``target`` argument that attributions and metrics share (one class for all samples or one per sample).
+
+The field's other metrics come from Quantus :cite:`hedstrom2023quantus`; :func:`quantus_scores` runs one
+of its metric objects on tensors and returns one score per sample (Chapter 9).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dualview.gates import check_batch
 
-__all__ = ["target_classes", "DeletionCurve", "deletion_curve", "total_variation", "high_frequency_share"]
+__all__ = ["target_classes", "DeletionCurve", "deletion_curve", "total_variation", "high_frequency_share",
+           "quantus_scores"]
 
 
 def target_classes(target: int | Sequence[int] | Tensor, logits: Tensor) -> Tensor:
@@ -124,3 +129,53 @@ def high_frequency_share(maps: Tensor, cutoff: float = 0.5) -> Tensor:
     radius = (fy[:, None].square() + fx[None, :].square()).sqrt()
     high = (radius > cutoff * 0.5).to(power.dtype)
     return (power * high).flatten(1).sum(1) / power.flatten(1).sum(1).clamp_min(torch.finfo(power.dtype).tiny)
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantus
+
+
+def _trapezoid_auc(values, dx: int = 1, batched: bool = False):
+    return np.trapezoid(np.asarray(values), dx=dx, axis=1 if batched else -1)
+
+
+def quantus_scores(metric: Any, model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
+                   maps: Tensor | None = None, explain_func: Callable | None = None,
+                   explain_func_kwargs: dict | None = None, softmax: bool = True) -> Any:
+    """Run the Quantus metric object ``metric`` on a batch and return its scores.
+
+    ``x``: ``(N, C, H, W)``; ``target``: one class for all or one per sample; ``maps``: the attribution
+    maps shaped like ``x`` (metrics that re-explain, such as MPRT, random logit and max-sensitivity, need
+    ``explain_func`` and its kwargs instead, e.g. :func:`dualview.explain.quantus_explain_func`).
+    ``softmax``: the model's output the metric reads (probabilities, or logits with ``False``). Returns
+    what Quantus returns for the batch: a ``(N,)`` array for most metrics, a dict (layer -> ``(N,)`` scores)
+    for MPRT, and for ROAD a ``(N, P)`` 0/1 array (still classified correctly after imputing each of the
+    ``P`` percentages of top pixels) instead of Quantus' average, so that intervals can be taken over samples.
+
+    Quantus 0.6 integrates curves with ``np.trapz``, which NumPy 2.4 removed; where it is missing, its
+    helper ``calculate_auc`` is pointed at ``np.trapezoid`` (the same trapezoid rule) before the call.
+    """
+    import quantus.helpers.utils as quantus_utils
+
+    if not hasattr(np, "trapz"):
+        quantus_utils.calculate_auc = _trapezoid_auc
+    check_batch(x, floating=True)
+    with torch.no_grad():
+        logits = model(x)
+    t = target_classes(target, logits)
+    if maps is not None and maps.shape != x.shape:
+        raise ValueError(f"maps must be shaped like x {tuple(x.shape)}, got {tuple(maps.shape)}")
+    if maps is None and explain_func is None:
+        raise ValueError("give the attribution maps or an explain_func that computes them")
+    device = str(x.device)
+    if type(metric).__name__ == "ROAD":  # keep the per-sample results Quantus would average away
+        metric.custom_postprocess = lambda **kwargs: None
+    scores = metric(model=model, x_batch=x.detach().cpu().numpy(), y_batch=t.cpu().numpy(),
+                    a_batch=None if maps is None else maps.detach().cpu().numpy(), device=device,
+                    explain_func=explain_func, explain_func_kwargs=explain_func_kwargs or {},
+                    batch_size=len(x), softmax=softmax)
+    if type(metric).__name__ == "ROAD":
+        return np.concatenate([np.asarray(batch, dtype=np.float64) for batch in metric.evaluation_scores])
+    if isinstance(scores, dict):
+        return {k: np.asarray(v, dtype=np.float64) for k, v in scores.items()}
+    return np.asarray(scores, dtype=np.float64)

@@ -15,11 +15,11 @@ The data directory (:func:`data_dir`) is ``$DUALVIEW_DATA`` if set, else ``$XDG_
     weights/*                                                                  (see dualview.zoo)
 
 Downloads (:data:`dualview.download.DOWNLOADS` lists each file's public URL and checksum) go to the
-same directory through :func:`dualview.download.download` (so ``$DUALVIEW_MIRROR`` redirects them; a file is kept only
-once complete and checked): ``mnist/raw/*-ubyte`` (uncompressed), ``mnist/mnist_5k.csv.gz``,
-``cifar10/cifar-10-batches-py``. torchvision's layout (``MNIST/raw``) is read too. A loader never
-substitutes one data set for another: if the requested split is missing it raises
-:class:`DataNotFoundError`.
+same directory through :func:`dualview.download.download` (so ``$DUALVIEW_MIRROR`` redirects them; a
+file is kept only once complete and checked): ``mnist/raw/*-ubyte`` (uncompressed),
+``mnist/mnist_5k.csv.gz``, ``cifar10/cifar-10-batches-py``, ``imagenette/val-sample``. torchvision's
+layout (``MNIST/raw``) is read too. A loader never substitutes one data set for another: if the
+requested split is missing it raises :class:`DataNotFoundError`.
 """
 from __future__ import annotations
 
@@ -312,10 +312,10 @@ def load_cifar10(
     about 92% on the originals). Pillow decodes all 10,000 in about 1.5 s once the files are in the
     OS cache, so no decoded copy is cached. Otherwise, and for ``"train"``, it reads the public
     lossless python version (``cifar10/cifar-10-batches-py``), downloading and unpacking its tarball
-    (:data:`~dualview.download.DOWNLOADS`) unless ``download=False``. Either way the images come class by class, in the
-    JPEG folder's order (file ``NNNN.jpg`` is taken to be the class's NNNN-th image of the original
-    test batch), with the same labels; ``source`` says which copy a run used (``"JPEG"`` or
-    ``"lossless"``).
+    (:data:`~dualview.download.DOWNLOADS`) unless ``download=False``. Either way the images come class
+    by class, in the JPEG folder's order (file ``NNNN.jpg`` is taken to be the class's NNNN-th image of
+    the original test batch: not checked, the offline folder has no lossless copy), with the same
+    labels; ``source`` says which copy a run used (``"JPEG"`` or ``"lossless"``).
     """
     _check_choice("split", split, ("test", "train"))
     root = _root(root)

@@ -50,7 +50,7 @@ def mirrored(url: str) -> str:
 
 
 def file_digest(path: str | os.PathLike, algorithm: str = "sha256") -> str:
-    """The hex digest of a file (``algorithm``: any name :func:`hashlib.new` knows, e.g. ``"md5"``)."""
+    """The hex digest of a file (``algorithm``: any name ``hashlib.new`` knows, e.g. ``"md5"``)."""
     digest = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

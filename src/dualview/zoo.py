@@ -98,7 +98,8 @@ PRETRAINED: dict[str, Pretrained] = {p.name: p for p in [
         "mnist-cnn-20-50-500", "mnist-cnn-20-50-500.pt",
         "2af1dfcb084e92bd836094fc0874cd6b8699cc69b889e7c724a41500bd612848",
         build=mnist_cnn, preprocess=_mnist_normalize, accuracy=0.9905, licence="MIT",
-        url=_LENET_MNIST.format("7a74792fa7b79b673b13655d054a53c6565b1584"),  # the file before it became LeNet-5
+        # the repository's mnist_cnn.pt before a later commit replaced it with the LeNet-5 below
+        url=_LENET_MNIST.format("7a74792fa7b79b673b13655d054a53c6565b1584"),
         description="conv-conv-fc-fc MNIST network (the '2CONV' layer pattern, fewer units) from khushbujpatel/lenet_mnist",
     ),
     _mnist(

@@ -15,9 +15,14 @@ Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file wi
         assemble _build/stage/ (configuration, plain pages, executed chapters) for jupyter-book;
         with HIDE_SOLUTIONS=1 in the environment, the exercises' solutions are left out (a course build).
     python scripts/notebooks.py sync
-        write book/<ch>.ipynb (no outputs) from book/<ch>.md: the copy Colab opens.
+        write book/<ch>.ipynb (no outputs) from book/<ch>.md: the copy Colab opens. The setup cell's
+        install line ``dualview[book] @ git+REPOSITORY@REVISION`` gets the repository of _config.yml
+        and the revision the copies are written from ($DUALVIEW_REVISION, else git's HEAD commit);
+        chapters whose `gpu` profile asks for a CUDA device get Colab's GPU accelerator metadata.
     python scripts/notebooks.py check-sync
-        fail if a committed book/<ch>.ipynb differs from its .md source.
+        fail if a committed book/<ch>.ipynb differs from its .md source, the same substitution made
+        with the revision the copy pins (so a commit alone does not outdate the copies), or if the
+        copies pin different revisions, or one that is not a commit of this repository's history.
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -211,31 +217,87 @@ def _without_solutions(nb):
     return nb
 
 
-def _colab_copy(chapter: Path):
+# the setup cell's install line: MyST sources carry the placeholders, Colab copies the address and revision
+INSTALL_PLACEHOLDER = "git+REPOSITORY@REVISION"
+_PINNED = re.compile(r"git\+(\S+?)@([0-9a-f]{40})\b")
+
+
+def _repository() -> str:
+    url = (yaml.safe_load((ROOT / "_config.yml").read_text()).get("repository") or {}).get("url")
+    if not url:
+        sys.exit("_config.yml has no repository.url: the Colab copies install the library from there")
+    return url.rstrip("/")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def _head_revision() -> str:
+    revision = os.environ.get("DUALVIEW_REVISION") or _git("rev-parse", "HEAD").stdout.strip()
+    if not re.fullmatch(r"[0-9a-f]{40}", revision):
+        sys.exit(f"cannot pin the Colab copies: {revision!r} is not a full commit hash (set DUALVIEW_REVISION)")
+    return revision
+
+
+def _pinned_revision(ipynb: Path) -> str | None:
+    """The revision the setup cell of a committed Colab copy installs, if it pins one."""
+    if ipynb.exists():
+        for cell in nbformat.read(ipynb, as_version=4).cells:
+            if cell.cell_type == "code" and (match := _PINNED.search(cell.source)):
+                return match[2]
+    return None
+
+
+def _colab_copy(chapter: Path, revision: str | None = None):
+    """The Colab copy of a chapter: no jupytext header, stable cell ids, the install line pinned to
+    ``revision`` (default: the revision its committed copy pins, else HEAD), GPU metadata if due."""
     nb = jupytext.read(chapter)
     nb.metadata.pop("jupytext", None)
+    revision = revision or _pinned_revision(chapter.with_suffix(".ipynb")) or _head_revision()
     for k, cell in enumerate(nb.cells):  # stable cell ids: re-syncing an unchanged chapter changes nothing
         cell.id = hashlib.sha1(f"{k}:{cell.source}".encode()).hexdigest()[:8]
+        cell.source = cell.source.replace(INSTALL_PLACEHOLDER, f"git+{_repository()}@{revision}")
+        if "parameters" in cell.metadata.get("tags", []) and "CUDA device" in cell.source:
+            nb.metadata["accelerator"] = "GPU"  # Colab opens the chapter on a GPU runtime
+            nb.metadata["colab"] = {"gpuType": "T4", "provenance": []}
     return nb
 
 
+def _compared(nb) -> list:
+    return [(c.cell_type, c.source) for c in nb.cells] + [nb.metadata.get(k) for k in ("accelerator", "colab")]
+
+
 def sync() -> None:
+    revision = _head_revision()
+    if _git("status", "--porcelain", "--", "src", "pyproject.toml").stdout.strip():
+        print(f"note: src/ or pyproject.toml has uncommitted changes, which the pinned revision {revision[:12]} "
+              "lacks: commit the library, then run `make sync` again")
     for ch in chapters():
-        nbformat.write(_colab_copy(ch), ch.with_suffix(".ipynb"))
-        print(f"wrote {ch.with_suffix('.ipynb').relative_to(ROOT)}")
+        nbformat.write(_colab_copy(ch, revision), ch.with_suffix(".ipynb"))
+        print(f"wrote {ch.with_suffix('.ipynb').relative_to(ROOT)} (installs dualview at {revision[:12]})")
 
 
 def check_sync() -> None:
-    stale = []
+    stale, pins = [], {}
     for ch in chapters():
         ipynb = ch.with_suffix(".ipynb")
         if not ipynb.exists():
             stale.append(f"{ipynb.relative_to(ROOT)} is missing")
             continue
-        want = [(c.cell_type, c.source) for c in _colab_copy(ch).cells]
-        have = [(c.cell_type, c.source) for c in nbformat.read(ipynb, as_version=4).cells]
-        if want != have:
+        pins[ipynb.name] = _pinned_revision(ipynb)
+        if pins[ipynb.name] is None:
+            stale.append(f"{ipynb.relative_to(ROOT)} does not install dualview[book] pinned to a revision "
+                         f"(its chapter's setup cell needs the line with {INSTALL_PLACEHOLDER})")
+        elif _compared(_colab_copy(ch)) != _compared(nbformat.read(ipynb, as_version=4)):
             stale.append(f"{ipynb.relative_to(ROOT)} differs from {ch.relative_to(ROOT)}")
+    revisions = set(pins.values()) - {None}
+    if len(revisions) > 1:
+        stale.append("the copies pin different revisions: " + ", ".join(f"{k} {v}" for k, v in sorted(pins.items())))
+    shallow = _git("rev-parse", "--is-shallow-repository").stdout.strip() != "false"
+    for revision in revisions:
+        if not shallow and _git("merge-base", "--is-ancestor", revision, "HEAD").returncode != 0:
+            stale.append(f"the pinned revision {revision} is not a commit of this branch's history")
     if stale:
         sys.exit("The Colab copies are out of date; run `make sync`:\n  " + "\n  ".join(stale))
 

@@ -67,6 +67,16 @@ def edge_map(x: Tensor) -> Tensor:
     return (gx.square() + gy.square()).sqrt()[:, 0]
 
 
+def _baseline(x: Tensor, value: float | Sequence[float] | Tensor) -> Tensor:
+    """A baseline shaped like ``x`` from a number or a per-channel ``(C,)`` value."""
+    base = torch.as_tensor(value, dtype=x.dtype, device=x.device)
+    if base.dim() == 1:
+        if base.numel() != x.shape[1]:
+            raise ValueError(f"a per-channel baseline needs {x.shape[1]} values, got {base.numel()}")
+        base = base.view(1, -1, *[1] * (x.dim() - 2))
+    return base.expand_as(x).contiguous()
+
+
 def _zoo_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     """``(preprocess, net)`` of a model from :func:`dualview.zoo.load_pretrained`, else ``(Identity, model)``."""
     if isinstance(model, nn.Sequential) and hasattr(model, "preprocess") and hasattr(model, "net"):
@@ -144,10 +154,9 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     if method == "integrated_gradients":
         from captum.attr import IntegratedGradients
 
-        base = torch.as_tensor(options.get("baseline", 0.0), dtype=x.dtype, device=x.device)
         with torch.enable_grad():
             steps = options.get("n_steps", 32)
-            out = IntegratedGradients(model).attribute(x, baselines=base.expand_as(x).contiguous(), target=t,
+            out = IntegratedGradients(model).attribute(x, baselines=_baseline(x, options.get("baseline", 0.0)), target=t,
                                                        n_steps=steps, internal_batch_size=max(len(x), 256))
         return out.detach()
     if method == "smoothgrad":
@@ -165,8 +174,7 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     if method == "insens":
         return projections.insens(model, x, chunk_size=options.get("chunk_size")).omega
     if method == "intensity":
-        base = torch.as_tensor(options.get("baseline", 0.0), dtype=x.dtype, device=x.device)
-        return (x - (base.view(1, -1, *[1] * (x.dim() - 2)) if base.dim() else base)).abs()
+        return (x - _baseline(x, options.get("baseline", 0.0))).abs()
     return edge_map(x)[:, None].expand_as(x).clone()   # "edges"
 
 

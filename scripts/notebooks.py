@@ -17,7 +17,8 @@ Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file wi
     python scripts/notebooks.py sync
         write book/<ch>.ipynb (no outputs) from book/<ch>.md: the copy Colab opens. The setup cell's
         install line ``dualview[book] @ git+REPOSITORY@REVISION`` gets the repository of _config.yml
-        and the revision the copies are written from ($DUALVIEW_REVISION, else git's HEAD commit);
+        and the revision the copies are written from ($DUALVIEW_REVISION, else git's HEAD commit, or the
+        revision already pinned if the library (src/, pyproject.toml) is the same there);
         chapters whose `gpu` profile asks for a CUDA device get Colab's GPU accelerator metadata.
     python scripts/notebooks.py check-sync
         fail if a committed book/<ch>.ipynb differs from its .md source, the same substitution made
@@ -268,8 +269,20 @@ def _compared(nb) -> list:
     return [(c.cell_type, c.source) for c in nb.cells] + [nb.metadata.get(k) for k in ("accelerator", "colab")]
 
 
+def _sync_revision() -> str:
+    """HEAD (or $DUALVIEW_REVISION); but the revision the copies already pin while the library (src/,
+    pyproject.toml) is the same there as at HEAD, so that a sync without library changes changes nothing."""
+    head = _head_revision()
+    pins = {_pinned_revision(ch.with_suffix(".ipynb")) for ch in chapters()}
+    if len(pins) == 1 and None not in pins and not os.environ.get("DUALVIEW_REVISION"):
+        (pin,) = pins
+        if _git("diff", "--quiet", pin, head, "--", "src", "pyproject.toml").returncode == 0:
+            return pin
+    return head
+
+
 def sync() -> None:
-    revision = _head_revision()
+    revision = _sync_revision()
     if _git("status", "--porcelain", "--", "src", "pyproject.toml").stdout.strip():
         print(f"note: src/ or pyproject.toml has uncommitted changes, which the pinned revision {revision[:12]} "
               "lacks: commit the library, then run `make sync` again")
@@ -298,6 +311,11 @@ def check_sync() -> None:
     for revision in revisions:
         if not shallow and _git("merge-base", "--is-ancestor", revision, "HEAD").returncode != 0:
             stale.append(f"the pinned revision {revision} is not a commit of this branch's history")
+        elif not shallow and _git("diff", "--quiet", revision, "HEAD", "--", "src", "pyproject.toml").returncode:
+            print(f"note: the library changed since the revision the Colab copies install ({revision[:12]}); "
+                  "`make sync` pins the new one")
+    if shallow:
+        print("note: a shallow clone: the revision the Colab copies install was not checked against the history")
     if stale:
         sys.exit("The Colab copies are out of date; run `make sync`:\n  " + "\n  ".join(stale))
 

@@ -13,7 +13,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cachepr
 BOOK_OUT ?= .
 COURSE_HTML := _build/course/_build/html
 
-.PHONY: env book notebooks html test unit references sync student chapter clean mutants
+.PHONY: env book notebooks html test unit references sync student chapter sweep clean mutants
 
 env: $(VENV)/.installed
 
@@ -77,6 +77,17 @@ chapter: env
 	$(BIN)/jupytext --to ipynb --output _build/runs/$(CH).ipynb book/$(CH).md
 	$(BIN)/papermill _build/runs/$(CH).ipynb _build/runs/$(CH)-$(PROFILE).ipynb -p PROFILE $(PROFILE) --cwd book
 	@echo "executed notebook: _build/runs/$(CH)-$(PROFILE).ipynb"
+
+## fan a sweep out as submitit jobs, one JSON row each (README, "Paper-scale sweeps"):
+##   make sweep SWEEP=fc4-mnist [CLUSTER=slurm] [PARALLEL=4] [SWEEP_ARGS="--partition gpu --gpus-per-node 1"]
+##   make sweep SWEEP=chapter CH=05_dgn PROFILE=gpu SEEDS=5
+SWEEP ?= digits
+CLUSTER ?= local
+PARALLEL ?= 2
+SEEDS ?= 5
+sweep: env
+	$(BIN)/python -m dualview.sweep $(SWEEP) --cluster $(CLUSTER) --max-parallel $(PARALLEL) \
+		--chapter $(CH) --profile $(PROFILE) --seeds $(SEEDS) $(SWEEP_ARGS)
 
 clean:
 	rm -rf _build

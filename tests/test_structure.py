@@ -21,7 +21,7 @@ LAYERS = [
     ["npk_fc", "receptive_fields"],
     ["ntk", "npk_conv", "npk_resnet", "hyperplanes", "pullbacks", "projections", "leveling"],
     ["npk", "levels", "explain"],
-    ["plot"],
+    ["plot", "sweep"],
 ]
 
 

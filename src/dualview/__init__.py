@@ -27,7 +27,8 @@ One module per concept, in the order of the book:
 * :mod:`dualview.zoo`: pretrained weights for the networks of :mod:`dualview.nets`, checked by SHA-256;
 * :mod:`dualview.train`: a small seeded training loop (classification or regression, penalties, parameter groups);
 * :mod:`dualview.stats`: seeds, confidence intervals and paired comparisons;
-* :mod:`dualview.plot`: figures.
+* :mod:`dualview.plot`: figures;
+* :mod:`dualview.sweep`: sweeps over seeds and permutations as submitit jobs, rows aggregated into tables.
 
 Plus :func:`seed_everything`, :func:`default_device` and :func:`setup` (the first code cell of every chapter) here.
 """

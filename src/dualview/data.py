@@ -38,7 +38,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
-from dualview.download import fetch_missing, unpack
+from dualview.download import fetch_missing, fetch_unpacked
 
 __all__ = [
     "MNIST_CLASSES",
@@ -331,12 +331,8 @@ def load_cifar10(
     tried.append(batches)
     error = None
     if not batches.is_dir():
-        error = fetch_missing(root, ["cifar10/cifar-10-python.tar.gz"], download)
-        if error is None and download is not False:
-            try:
-                unpack(root / "cifar10" / "cifar-10-python.tar.gz", batches, "cifar-10-batches-py/")
-            except Exception as err:  # a read-only folder, a full disk, ...
-                error = err
+        error = fetch_unpacked(root, "cifar10/cifar-10-python.tar.gz", batches, "cifar-10-batches-py/",
+                               allowed=download)
     if not batches.is_dir():
         raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10", _failed(error)) from error
     x, y = _read_cifar_batches(batches, split)
@@ -380,12 +376,8 @@ def load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
     folder = _root(root) / "imagenette" / "val-sample"
     error = None
     if not folder.exists():
-        error = fetch_missing(_root(root), ["imagenette/imagenette2-320.tgz"], download)
-        if error is None and download is not False:
-            try:
-                unpack(folder.parent / "imagenette2-320.tgz", folder, "imagenette2-320/val/", _first_ten_per_class)
-            except Exception as err:  # a read-only folder, a full disk, ...
-                error = err
+        error = fetch_unpacked(_root(root), "imagenette/imagenette2-320.tgz", folder, "imagenette2-320/val/",
+                               _first_ten_per_class, allowed=download)
     files = [sorted((folder / w).glob("*.JPEG")) for w in _IMAGENETTE_WNIDS]
     empty = [folder / w / "*.JPEG" for w, f in zip(_IMAGENETTE_WNIDS, files) if not f]
     if empty:

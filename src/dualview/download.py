@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 __all__ = ["MIRROR_ENV", "DOWNLOADS", "ChecksumError", "DownloadError", "mirrored", "file_digest", "download",
-           "fetch_missing", "unpack"]
+           "fetch_missing", "unpack", "fetch_unpacked"]
 
 #: The environment variable naming a mirror's base URL.
 MIRROR_ENV = "DUALVIEW_MIRROR"
@@ -181,3 +181,17 @@ def unpack(tarball: Path, dest: Path, prefix: str,
         os.replace(Path(tmp, "out"), dest)
     tarball.unlink()
     return dest
+
+
+def fetch_unpacked(root: Path, name: str, dest: Path, prefix: str,
+                   choose: Callable[[list[str]], list[str]] = lambda names: names,
+                   allowed: bool | None = True) -> Exception | None:
+    """:func:`fetch_missing` for the tarball ``name``, then :func:`unpack` it into ``dest``; the
+    failure, if any, is returned for the caller's error message."""
+    error = fetch_missing(root, [name], allowed)
+    if error is None and allowed is not False:
+        try:
+            unpack(root / name, dest, prefix, choose)
+        except Exception as err:  # a read-only folder, a full disk, a broken archive ...
+            return err
+    return error

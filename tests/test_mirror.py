@@ -9,10 +9,10 @@ formats differ from the offline ones and are built here:
 * MNIST's ``t10k-*.gz`` in the offline folder are re-compressed copies (their gzip bytes differ from the
   published ones, the content is the same): served as they are, since downloads are checked by the
   published MD5 of the uncompressed IDX file.
-* CIFAR-10's public file is the python tarball; the fixture builds one from the offline JPEG test images
-  (``test_batch`` and ``batches.meta`` only, no training batches: a subset of the real tarball's members,
-  enough for ``split="test"``; the images in an interleaved order, so the loader's class-by-class order
-  is tested).
+* CIFAR-10's public file is the python tarball; the fixture builds one from the offline JPEG test images:
+  ``test_batch`` with all 10,000 in an interleaved order (so the loader's class-by-class order is
+  tested), ``batches.meta``, and five training batches of only 20 images each (taken from the test
+  images: the offline folder has no training images; enough to test ``split="train"``).
 * Imagenette's public file is fastai's ``imagenette2-320.tgz`` (326 MB); the fixture builds a small one
   holding the offline sample photos under ``imagenette2-320/val/<wnid>/`` plus photos the loader must
   leave out (an eleventh per class, a training photo).
@@ -84,9 +84,11 @@ def cifar_tarball(jpeg_folder: Path) -> bytes:
     batch = {"batch_label": "testing batch 1 of 1", "labels": y[order].tolist(),
              "data": pixels[order].reshape(len(pixels), -1), "filenames": [f"{k}.png" for k in order]}
     meta = {"label_names": list(offline_set.classes), "num_cases_per_batch": 10000, "num_vis": 3072}
-    buffer = io.BytesIO()
-    return tarball({f"cifar-10-batches-py/{name}": pickle.dumps(obj, protocol=2)
-                    for name, obj in [("test_batch", batch), ("batches.meta", meta)]})
+    files = {"test_batch": batch, "batches.meta": meta}
+    for k in range(1, 6):  # the interleaved images 100-199 (the 11th to 20th of each class), 20 per batch
+        part = order[80 + 20 * k: 100 + 20 * k]
+        files[f"data_batch_{k}"] = {"labels": y[part].tolist(), "data": pixels[part].reshape(20, -1)}
+    return tarball({f"cifar-10-batches-py/{name}": pickle.dumps(obj, protocol=2) for name, obj in files.items()})
 
 
 def tarball(files: dict[str, bytes]) -> bytes:
@@ -201,6 +203,10 @@ def test_downloads_give_the_offline_data_and_weights(no_data, mirror, monkeypatc
     assert "lossless" in cifar.source and "JPEG" in expected.source
     assert torch.equal(cifar.y, expected.y) and torch.equal(cifar.x, expected.x)  # same order, same pixels
     assert not (no_data / CIFAR_TARBALL).exists()  # unpacked, then removed
+    train = load_cifar10("train")  # the five small training batches of the built tarball
+    first = torch.searchsorted(expected.y, torch.arange(10))
+    chosen = (first[:, None] + torch.arange(10, 20)).flatten()  # images 10-19 of each class, class by class
+    assert torch.equal(train.x, expected.x[chosen]) and torch.equal(train.y, expected.y[chosen])
 
     photos = load_imagenette(160)  # the first ten validation photos of each class, nothing else
     expected = load_imagenette(160, root=ROOT, download=False)

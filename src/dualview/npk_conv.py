@@ -400,7 +400,7 @@ def bundle_features_reference(model: nn.Module, x: Tensor) -> Bundles:
             for tap_seq in itertools.product(*taps):
                 for chans in itertools.product(*[range(m.out_channels) for m in convs]):
                     pos, prev, weight = i0, c0, 1.0
-                    act = torch.ones(x.shape[0], dtype=torch.float64)
+                    act = torch.ones(x.shape[0], dtype=torch.float64, device=x.device)
                     for l, (m, tap, c) in enumerate(zip(convs, tap_seq, chans)):
                         # input position u + dilation * tap - padding feeds output position u
                         pos = tuple((q - dl * t + pd) % n for q, t, dl, pd, n in
@@ -425,4 +425,4 @@ def bundle_features_reference(model: nn.Module, x: Tensor) -> Bundles:
                         sizes[key] = sizes.get(key, 0) + 1
     keys = list(feats)
     return Bundles(torch.stack([feats[k] for k in keys], 1), torch.stack([values[k] for k in keys]),
-                   torch.tensor([sizes[k] for k in keys]))
+                   torch.tensor([sizes[k] for k in keys], device=x.device))

@@ -356,7 +356,7 @@ def neural_path_features_from_gates_reference(x: Tensor, gates: Sequence[Tensor]
     x = x.flatten(1)
     gates = [g.flatten(1) for g in gates]
     widths = [x.shape[1]] + [g.shape[1] for g in gates]
-    out = torch.zeros(x.shape[0], math.prod(widths), dtype=x.dtype)
+    out = torch.zeros(x.shape[0], math.prod(widths), dtype=x.dtype, device=x.device)
     for n in range(x.shape[0]):
         for k, p in enumerate(itertools.product(*[range(w) for w in widths])):
             feat = float(x[n, p[0]])

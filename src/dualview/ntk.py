@@ -188,9 +188,9 @@ def empirical_ntk_reference(
     G1, G2 = grads(x1), grads(x2)
     C = G1[0].shape[0]
     if output == "full":
-        K = torch.zeros(len(G1), len(G2), C, C, dtype=G1[0].dtype)
+        K = torch.zeros(len(G1), len(G2), C, C, dtype=G1[0].dtype, device=G1[0].device)
     else:
-        K = torch.zeros(len(G1), len(G2), dtype=G1[0].dtype)
+        K = torch.zeros(len(G1), len(G2), dtype=G1[0].dtype, device=G1[0].device)
     for i, a in enumerate(G1):
         for j, b in enumerate(G2):
             if output == "full":

@@ -78,7 +78,7 @@ def _augmented_weights(layers: list[nn.Linear], dtype: torch.dtype) -> list[Tens
         b = lin.bias.detach().to(dtype) if lin.bias is not None else W.new_zeros(W.shape[0])
         Wt = torch.cat([W, b[:, None]], dim=1)
         if k < len(layers) - 1:  # the constant unit's row: it passes its 1 on
-            Wt = torch.cat([Wt, F.one_hot(torch.tensor([W.shape[1]]), W.shape[1] + 1).to(Wt)], dim=0)
+            Wt = torch.cat([Wt, F.one_hot(torch.tensor([W.shape[1]], device=W.device), W.shape[1] + 1).to(Wt)], dim=0)
         out.append(Wt)
     return out
 
@@ -86,12 +86,13 @@ def _augmented_weights(layers: list[nn.Linear], dtype: torch.dtype) -> list[Tens
 def _valid_path_mask(layers: list[nn.Linear]) -> Tensor:
     """Bool mask over the augmented path grid ``(a_0, ..., a_{L-1})`` of the paths that exist."""
     sizes = [layers[0].in_features + 1] + [lin.out_features + 1 for lin in layers[:-1]]
-    L = len(sizes)
+    L, dev = len(sizes), layers[0].weight.device
     # const[l]: the path sits on the constant unit of layer l. A path exists iff it never steps from an
     # ordinary unit to a constant unit and the bias it carries exists: a path whose last constant unit
     # is at layer j carries the bias of layer j + 1.
-    const = [(torch.arange(a) == a - 1).view([a if k == l else 1 for k in range(L)]) for l, a in enumerate(sizes)]
-    mask = torch.ones(sizes, dtype=torch.bool)
+    const = [(torch.arange(a, device=dev) == a - 1).view([a if k == l else 1 for k in range(L)])
+             for l, a in enumerate(sizes)]
+    mask = torch.ones(sizes, dtype=torch.bool, device=dev)
     for l in range(1, L):
         mask &= ~(const[l] & ~const[l - 1])
     for j, lin in enumerate(layers):
@@ -205,7 +206,7 @@ def neural_path_features_reference(model: nn.Module, x: Tensor, temperature: flo
     layers = fc_layers(model)
     widths = [layers[0].in_features] + [lin.out_features for lin in layers[:-1]]
     paths = _reference_paths(layers)
-    out = torch.zeros(x.shape[0], len(paths), dtype=x.dtype)
+    out = torch.zeros(x.shape[0], len(paths), dtype=x.dtype, device=x.device)
     with torch.no_grad():
         for n in range(x.shape[0]):
             z = x[n].flatten()
@@ -239,7 +240,7 @@ def neural_path_values_reference(model: nn.Module, dtype: torch.dtype = torch.fl
             return float(lin.bias[j]) if lin.bias is not None else 0.0
         return float(lin.weight[j, i])
 
-    out = torch.zeros(len(paths), C, dtype=dtype)
+    out = torch.zeros(len(paths), C, dtype=dtype, device=layers[0].weight.device)
     with torch.no_grad():
         for k, p in enumerate(paths):
             for c in range(C):

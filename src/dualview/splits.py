@@ -31,11 +31,11 @@ def _grouped_by_class(y: Tensor, seed: int) -> tuple[Tensor, Tensor, Tensor]:
     if not isinstance(seed, numbers.Integral) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     y = y.cpu()
-    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(int(seed)))
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(int(seed)), device=y.device)
     order = perm[torch.argsort(y[perm], stable=True)]
     counts = torch.bincount(y)
     starts = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(len(y)) - starts[y[order]]
+    rank = torch.arange(len(y), device=y.device) - starts[y[order]]
     return order, rank, counts
 
 

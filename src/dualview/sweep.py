@@ -190,7 +190,7 @@ def run(fn: Callable[..., Mapping[str, Any]], points: Sequence[Mapping[str, Any]
       (``submitit.AutoExecutor``) with at most ``max_parallel`` array tasks running; ``resources`` are
       submitit's parameters, e.g. ``{"gpus_per_node": 1, "cpus_per_task": 4, "slurm_partition": "gpu"}``.
     * A failed job (an exception, a timeout, a killed process) is submitted again up to ``retries`` times,
-      then reported in :attr:`Report.failed` with its error and its log, and left in ``<folder>/failed/``.
+      then reported in ``Report.failed`` with its error and its log, and left in ``<folder>/failed/``.
 
     ``fn`` must be importable by the jobs (a module-level function of an installed module, such as
     :func:`train_gated` or :func:`run_chapter`); its parameters must be JSON values. Submitit's logs
@@ -310,7 +310,7 @@ def train_gated(seed: int, model: str = "dgn", permutation: Sequence[int] | None
     if n_train is not None:
         if not 1 <= n_train <= len(train_set):
             raise ValueError(f"n_train must be between 1 and {len(train_set)}, got {n_train}")
-        keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed))[:n_train]
+        keep = torch.randperm(len(train_set), generator=torch.Generator().manual_seed(seed), device="cpu")[:n_train]
         train_set = train_set[keep.sort().values]
     dev = torch.device(device) if device is not None else default_device()
     arch = Architecture.fc(tuple(widths), in_shape=tuple(train_set.x.shape[1:]), num_classes=len(train_set.classes))

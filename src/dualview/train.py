@@ -157,7 +157,7 @@ def fit(
     for epoch in bar:
         model.train()
         weight = float(weight_at(epoch)) if penalty is not None else 0.0
-        perm = torch.randperm(len(y), generator=gen)
+        perm = torch.randperm(len(y), generator=gen, device=gen.device)
         total, pen_total, correct = 0.0, 0.0, 0
         for idx in perm.split(batch_size):
             xb, yb = _to_model(x[idx], p0), y[idx].to(p0.device)

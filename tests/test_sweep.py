@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -143,3 +144,45 @@ def test_run_chapter_executes_it_with_its_parameters_and_returns_what_it_glued(t
     assert Path(out["notebook"]).is_file()
     with pytest.raises(FileNotFoundError, match="no chapter"):
         sweep.run_chapter("99_missing", book=tmp_path / "book")
+
+
+FAKE_SBATCH = """#!/bin/bash
+# records the submission script and answers as sbatch does; nothing runs
+n=$(cat "$FAKE_SLURM/count" 2>/dev/null || echo 4000); n=$((n + 1)); echo $n > "$FAKE_SLURM/count"
+cp "${@: -1}" "$FAKE_SLURM/sbatch-$n.sh"
+echo "Submitted batch job $n"
+"""
+FAKE_SACCT = """#!/bin/bash
+# every task of every array asked about has failed
+echo "JobID|State|NodeList"
+while [ $# -gt 0 ]; do [ "$1" = "-j" ] && echo "$2_[0-9]|FAILED|fake-node"; shift; done
+"""
+
+
+def test_on_slurm_the_points_go_out_as_an_array_and_its_failures_are_retried_then_reported(tmp_path, monkeypatch):
+    """A fake SLURM (sbatch records the script, sacct says every task failed, srun exists): the points go
+    out as one job array with the timeout, partition, GPU and array parallelism asked for, the failed tasks
+    go out again once, and then are reported."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "slurm"
+    bin_dir.mkdir(), log.mkdir()
+    for name, text in (("sbatch", FAKE_SBATCH), ("sacct", FAKE_SACCT), ("srun", "#!/bin/bash\nexit 1\n")):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SLURM", str(log))
+    from submitit.slurm.slurm import SlurmJob
+
+    # submitit waits 15 s for a missing result file to appear on a cluster's shared filesystem; none will here
+    monkeypatch.setattr(SlurmJob, "_results_timeout_s", 0)
+    points = sweep.grid(seed=[0, 1], model=["dnn"])
+    report = sweep.run(sweep.train_gated, points, tmp_path / "sweep", cluster="slurm", max_parallel=1,
+                       timeout_min=7, resources={"gpus_per_node": 1, "slurm_partition": "gpu"}, poll_seconds=0.2,
+                       verbose=False)
+    scripts = sorted(log.glob("sbatch-*.sh"))
+    assert len(scripts) == 2  # the array, then the retry of its two failed tasks as a second array
+    for script in scripts:
+        text = script.read_text()
+        for line in ("#SBATCH --array=0-1%1", "#SBATCH --time=7", "#SBATCH --partition=gpu", "#SBATCH --gpus-per-node=1"):
+            assert line in text, f"{line!r} not in the submission script:\n{text}"
+    assert sorted(f.params["seed"] for f in report.failed) == [0, 1] and not report.ran
+    assert all(f.attempts == 2 and "FAILED" in f.error for f in report.failed)

@@ -4,26 +4,23 @@ As in Captum, every method takes a batch ``x`` ``(N, C, H, W)`` (or any ``(N, ..
 family) and the class ``target`` (one for all samples or one per sample) and returns a map shaped like
 ``x``, so that methods are interchangeable in figures and in metrics (Chapter 9):
 
-========================  =================================================================================
-``"gradient"``            the input gradient of the target logit (the hard-gated pullback, Chapter 6)
-``"gradient_x_input"``    gradient times input
-``"integrated_gradients"`` Captum's Integrated Gradients :cite:`sundararajan2017axiomatic` (``baseline``,
-                          ``n_steps``)
-``"smoothgrad"``          Captum's NoiseTunnel over the plain (signed) gradient :cite:`smilkov2017smoothgrad`
-                          (``n_samples``, ``noise``: the noise's standard deviation; noise from torch's
-                          global generator, so seed first)
-``"lrp"``                 Zennit's LRP :cite:`bach2015pixel,anders2021software` with the composite
-                          ``EpsilonGammaBox`` (epsilon in the dense layers, gamma in the convolutions, and
-                          the z^B rule with the input's bounds in the first layer) or ``"epsilon_plus_flat"``
-                          (flat rule in the first layer: a blob that ignores the image)
-``"pullback"``            the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
-                          ``pool_temperature``; :func:`dualview.pullbacks.excitation_pullback`)
-``"pullback_x_input"``    pullback times input
-``"insens"``              Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`):
-                          *class-agnostic*, the ``target`` is checked and ignored
-``"intensity"``           ``|x - baseline|``: a trivial baseline that knows nothing of the network
-``"edges"``               the Sobel edge magnitude of the channel-mean image, on every channel: another
-========================  =================================================================================
+* ``"gradient"``: the input gradient of the target logit (the hard-gated pullback, Chapter 6);
+* ``"gradient_x_input"``: gradient times input;
+* ``"integrated_gradients"``: Captum's Integrated Gradients :cite:`sundararajan2017axiomatic` (``baseline``,
+  ``n_steps``);
+* ``"smoothgrad"``: Captum's NoiseTunnel over the plain (signed) gradient :cite:`smilkov2017smoothgrad`
+  (``n_samples``, ``noise``: the noise's standard deviation; noise from torch's global generator, so seed
+  first);
+* ``"lrp"``: Zennit's LRP :cite:`bach2015pixel,anders2021software` with the composite ``EpsilonGammaBox``
+  (epsilon in the dense layers, gamma in the convolutions, the z^B rule with the input's bounds in the first
+  layer) or ``"epsilon_plus_flat"`` (flat rule in the first layer: a blob that ignores the image);
+* ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
+  ``pool_temperature``; :func:`dualview.pullbacks.excitation_pullback`);
+* ``"pullback_x_input"``: pullback times input;
+* ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`),
+  *class-agnostic*: the ``target`` is checked and ignored;
+* ``"intensity"``: ``|x - baseline|``, a trivial baseline that knows nothing of the network;
+* ``"edges"``: the Sobel edge magnitude of the channel-mean image, on every channel, another.
 
 :func:`quantus_explain_func` adapts the verb to Quantus' ``explain_func`` convention (NumPy in, NumPy out).
 """

@@ -86,7 +86,7 @@ CLUSTER ?= local
 PARALLEL ?= 2
 SEEDS ?= 5
 sweep: env
-	$(BIN)/python -m dualview.sweep $(SWEEP) --cluster $(CLUSTER) --max-parallel $(PARALLEL) \
+	$(BIN)/python scripts/sweep.py $(SWEEP) --cluster $(CLUSTER) --max-parallel $(PARALLEL) \
 		--chapter $(CH) --profile $(PROFILE) --seeds $(SEEDS) $(SWEEP_ARGS)
 
 clean:

@@ -4,7 +4,8 @@ nbval (``pytest --nbval-lax _build/nbtest``) executes every cell of a prepared c
 and compares the cells tagged ``nbval-check-output`` with their reference outputs. These hooks
 collect the outputs nbval received for every cell and, at the end of the session, write each
 executed chapter to ``_build/executed/`` (the copy ``scripts/notebooks.py stage`` hands to
-jupyter-book) and print how long each chapter took.
+jupyter-book) and print how long each chapter took. Smoke runs (``_build/smoke``: the gpu profile's
+code path at tiny sizes) are timed but not kept.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 os.environ.pop("MPLBACKEND", None)
 
 ROOT = Path(__file__).resolve().parent
+NBTEST, SMOKE = ROOT / "_build" / "nbtest", ROOT / "_build" / "smoke"
 _executed: dict[Path, dict] = {}
 
 
@@ -49,7 +51,7 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import nbformat
 
-    lines = []
+    runs: dict[str, list[str]] = {}
     for path, entry in _executed.items():
         nb = entry["nb"]
         code_cells = [c for c in nb.cells if c.cell_type == "code"]
@@ -57,17 +59,20 @@ def pytest_sessionfinish(session, exitstatus):
             outs = entry["outputs"].get(k)
             cell.outputs = outs if outs is not None else []
             cell.execution_count = k + 1 if outs is not None else None
-        try:
-            rel = path.resolve().relative_to(ROOT / "_build" / "nbtest")
-        except ValueError:
-            rel = Path(path.name)
-        dest = ROOT / "_build" / "executed" / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, dest)
+        path = path.resolve()
+        if path.is_relative_to(SMOKE):  # a smoke run tests the gpu profile's code path; the book shows the cpu run
+            rel, run = path.relative_to(SMOKE), "gpu profile, smoke scale"
+        else:
+            rel = path.relative_to(NBTEST) if path.is_relative_to(NBTEST) else Path(path.name)
+            dest = ROOT / "_build" / "executed" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(nb, dest)
+            run = "cpu profile"
         status = "FAILED" if entry["failed"] else "ok"
-        lines.append(f"  {rel.as_posix():40s} {entry['seconds']:7.1f} s  {status}")
+        runs.setdefault(run, []).append(f"  {rel.as_posix():40s} {entry['seconds']:7.1f} s  {status}")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_sep("=", "chapter execution times (cpu profile)")
-        for line in lines:
-            reporter.write_line(line)
+        for run, lines in runs.items():
+            reporter.write_sep("=", f"chapter execution times ({run})")
+            for line in lines:
+                reporter.write_line(line)

@@ -6,7 +6,9 @@ Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file wi
     python scripts/notebooks.py prepare [--profile cpu] [--record]
         book/<ch>.md -> _build/nbtest/book/<ch>.ipynb: parameters injected with papermill, and the
         reference outputs of the cells tagged ``nbval-check-output`` attached from
-        tests/reference/<ch>.json, for ``pytest --nbval-lax`` to execute and compare. The root
+        tests/reference/<ch>.json, for ``pytest --nbval-lax`` to execute and compare. With
+        ``--profile gpu --scale smoke`` the chapters go to _build/smoke/ instead, with SCALE="smoke"
+        injected and nothing to compare (the gpu profile's code path at sizes that run in seconds). The root
         conftest.py writes each executed notebook to _build/executed/ as nbval runs it, so a
         chapter is executed once and the same outputs go into the book.
     python scripts/notebooks.py record
@@ -45,6 +47,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build"
 NBTEST = BUILD / "nbtest"
+SMOKE = BUILD / "smoke"
 EXECUTED = BUILD / "executed"
 STAGE = BUILD / "stage"
 REFERENCES = ROOT / "tests" / "reference"
@@ -105,16 +108,18 @@ def _checked_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code" and CHECK_TAG in c.metadata.get("tags", [])]
 
 
-def prepare(profile: str, record: bool) -> None:
+def prepare(profile: str, record: bool, scale: str = "full") -> None:
     from papermill.parameterize import parameterize_notebook
 
+    smoke = scale == "smoke"
+    parameters = {"PROFILE": profile, **({"SCALE": scale} if smoke else {})}
     problems = []
     for ch in chapters():
         nb = jupytext.read(ch)
         for cell in nb.cells:
             cell.metadata.setdefault("tags", [])  # papermill looks up tags on every cell
         nb.metadata.setdefault("papermill", {})
-        nb = parameterize_notebook(nb, {"PROFILE": profile}, kernel_name="python3", language="python")
+        nb = parameterize_notebook(nb, parameters, kernel_name="python3", language="python")
         for cell in nb.cells:  # the injected copy of the parameters is not for readers
             if "injected-parameters" in cell.metadata.tags:
                 cell.metadata.tags.append("remove-cell")
@@ -123,6 +128,9 @@ def prepare(profile: str, record: bool) -> None:
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         for cell in _checked_cells(nb):
+            if smoke:  # a smoke run's numbers are not the book's: executed, not compared
+                cell.metadata.tags.remove(CHECK_TAG)
+                continue
             if record:
                 continue
             key = _cell_key(cell.source)
@@ -132,7 +140,7 @@ def prepare(profile: str, record: bool) -> None:
                 continue
             cell.outputs = [nbformat.from_dict(o) for o in refs[key]]
             cell.execution_count = 1
-        out = NBTEST / ch.relative_to(ROOT).with_suffix(".ipynb")
+        out = (SMOKE if smoke else NBTEST) / ch.relative_to(ROOT).with_suffix(".ipynb")
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)
     if problems:
@@ -324,6 +332,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["prepare", "record", "stage", "sync", "check-sync"])
     parser.add_argument("--profile", default="cpu", choices=["cpu", "gpu"])
+    parser.add_argument("--scale", default="full", choices=["full", "smoke"],
+                        help="smoke: the profile's code path at tiny sizes, into _build/smoke, nothing compared")
     parser.add_argument("--record", action="store_true", help="prepare without references (to record new ones)")
     parser.add_argument("--chapter", action="append", default=[], metavar="book/NN_name.md",
                         help="work on this chapter only (repeatable; need not be in _toc.yml yet)")
@@ -334,7 +344,7 @@ def main() -> None:
             sys.exit(f"--chapter {name}: not a MyST notebook with a kernelspec")
         _ONLY.append(path)
     if args.command == "prepare":
-        prepare(args.profile, args.record)
+        prepare(args.profile, args.record, args.scale)
     else:
         {"record": record, "stage": stage, "sync": sync, "check-sync": check_sync}[args.command]()
 

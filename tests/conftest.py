@@ -21,3 +21,10 @@ def digits_small() -> tuple[torch.Tensor, torch.Tensor]:
 
     d = load_digits()
     return torch.tensor(d.data[:40] / 16.0), torch.tensor(d.target[:40])
+
+
+@pytest.fixture(autouse=True)
+def full_scale(monkeypatch):
+    """Every test starts at full scale, and a test that turns on a smoke run (dualview.setup with
+    scale="smoke" sets $DUALVIEW_SCALE) leaves no trace in the next one."""
+    monkeypatch.setenv("DUALVIEW_SCALE", "full")

@@ -30,7 +30,8 @@ One module per concept, in the order of the book:
 * :mod:`dualview.plot`: figures;
 * :mod:`dualview.sweep`: sweeps over seeds and permutations as submitit jobs, rows aggregated into tables.
 
-Plus :func:`seed_everything`, :func:`default_device` and :func:`setup` (the first code cell of every chapter) here.
+Plus :func:`seed_everything`, :func:`default_device`, :func:`setup` (the first code cell of every chapter)
+and :func:`smoke_scale` here.
 """
 from __future__ import annotations
 
@@ -71,21 +72,49 @@ class Setup(NamedTuple):
     device: torch.device
 
 
+#: The scales a profile runs at: ``"full"`` (its own sizes) and ``"smoke"`` (its code path in seconds).
+SCALES = ("full", "smoke")
+#: The environment variable holding the scale of this run (set by :func:`setup`).
+SCALE_ENV = "DUALVIEW_SCALE"
+
+
+def smoke_scale() -> bool:
+    """True in a smoke run: :func:`setup` was called with ``scale="smoke"`` (or ``$DUALVIEW_SCALE`` is
+    ``smoke``). Then the data layer reads only the offline folder, cuts every data set to a few images
+    per class and lets an offline stand-in replace what would need a download (saying so by name),
+    :func:`dualview.zoo.imagenet_model` falls back to random weights, and :func:`dualview.stats.claim`
+    prints comparative claims instead of asserting them: a smoke run tests that the code runs, not what
+    its numbers say."""
+    return os.environ.get(SCALE_ENV, "full") == "smoke"
+
+
 def setup(profile: str, seed: int, device: str | torch.device | None = None,
-          sizes: Mapping[str, Mapping[str, Any]] | None = None) -> Setup:
+          sizes: Mapping[str, Mapping[str, Any]] | None = None, scale: str = "full") -> Setup:
     """The first code cell of every chapter: choose the profile's sizes, pick the device, seed, glue.
 
     ``sizes`` maps each profile (``"cpu"``: laptop scale, what the book shows; ``"gpu"``: paper scale) to
-    that profile's sizes; ``device`` ``None`` picks :func:`default_device`. Seeds everything with
-    ``seed``, glues the profile's name as ``"profile"`` for the chapter's prose (when run by the book's
-    notebook engine) and prints one line saying what runs where. Use it as
-    ``SIZES, device = dualview.setup(PROFILE, SEED, DEVICE, sizes={"cpu": {...}, "gpu": {...}})``.
+    that profile's sizes, and optionally ``"smoke"`` to the sizes a smoke run overrides (fewer epochs,
+    seeds, images: keys of the profile's own sizes). ``scale="smoke"`` runs the chosen profile's code
+    path (same branches, models and data sources) at those sizes in seconds; see :func:`smoke_scale`.
+    ``device`` ``None`` picks :func:`default_device`. Seeds everything with ``seed``, glues the
+    profile's name as ``"profile"`` for the chapter's prose (when run by the book's notebook engine)
+    and prints one line saying what runs where. Use it as
+    ``SIZES, device = dualview.setup(PROFILE, SEED, DEVICE, sizes={"cpu": {...}, "gpu": {...}}, scale=SCALE)``.
     """
     sizes = {"cpu": {}, "gpu": {}} if sizes is None else sizes
-    if profile not in sizes:
-        raise ValueError(f"unknown profile {profile!r}: this chapter has the profiles {sorted(sizes)}; "
-                         "set PROFILE in the parameters cell to one of them")
+    if profile not in ("cpu", "gpu") or profile not in sizes:
+        raise ValueError(f"unknown profile {profile!r}: this chapter has the profiles "
+                         f"{sorted(p for p in sizes if p != 'smoke')}; set PROFILE in the parameters cell to one of them")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}: use one of {SCALES} (SCALE in the parameters cell)")
     chosen = dict(sizes[profile])
+    if scale == "smoke":
+        unknown = sorted(set(sizes.get("smoke", {})) - set(chosen))
+        if unknown:
+            raise ValueError(f"the smoke sizes {unknown} are not sizes of the profile {profile!r}: a smoke run "
+                             "only shrinks the profile's own sizes")
+        chosen.update(sizes.get("smoke", {}))
+    os.environ[SCALE_ENV] = scale
     dev = torch.device(device) if device is not None else default_device()
     seed_everything(seed)
     try:
@@ -93,6 +122,7 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
     except ImportError:  # outside the book's build the glued name is not needed
         pass
     else:
-        glue("profile", profile, display=False)
-    print(f"profile {profile!r} on {dev}: {chosen}" if chosen else f"profile {profile!r} on {dev}")
+        glue("profile", profile if scale == "full" else f"{profile}, {scale} scale", display=False)
+    where = f"profile {profile!r}" + (f" at {scale} scale" if scale != "full" else "") + f" on {dev}"
+    print(f"{where}: {chosen}" if chosen else where)
     return Setup(chosen, dev)

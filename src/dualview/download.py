@@ -142,6 +142,8 @@ DOWNLOADS: dict[str, tuple[str, str]] = {
         "sha256:846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d"),
     "cifar10/cifar-10-python.tar.gz": (
         "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", "md5:c58f30108f718f92721af3b95e74349a"),
+    "cifar100/cifar-100-python.tar.gz": (
+        "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz", "md5:eb9058c3a382ffc7106e4002c42a8d85"),
     # fastai's Imagenette2 with short sides of 320 pixels; the MD5 torchvision's Imagenette publishes
     "imagenette/imagenette2-320.tgz": (
         "https://s3.amazonaws.com/fast-ai-imageclas/imagenette2-320.tgz", "md5:3df6f0d01a2c9592104656642f5e78a3"),

@@ -10,7 +10,9 @@ supports:
 - :func:`bootstrap_interval` is the percentile bootstrap over test points (1-D scores) or over seeds *and*
   test points at once (a ``seeds x points`` matrix, both resampled: the two-way bootstrap);
 - :func:`paired_comparison` compares two methods scored on the same test points (and seeds) through the
-  interval of their difference, with a verdict: ``"above"``, ``"below"`` or ``"within noise"``.
+  interval of their difference, with a verdict: ``"above"``, ``"below"`` or ``"within noise"``;
+- :func:`claim` asserts what a chapter's sentence says of such a result (and only prints it in a smoke run,
+  whose sizes support no claim).
 
 Results are small dataclasses (:class:`Interval`, :class:`Comparison`) that print as the book shows them.
 
@@ -26,7 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from dualview import seed_everything
+from dualview import seed_everything, smoke_scale
 
 __all__ = [
     "Interval",
@@ -37,7 +39,21 @@ __all__ = [
     "bootstrap_interval",
     "paired_comparison",
     "relative_error",
+    "claim",
 ]
+
+
+def claim(holds: bool, message: str) -> None:
+    """Assert a comparative claim of the book's prose: raise ``AssertionError(message)`` if it fails.
+
+    In a smoke run (:func:`dualview.smoke_scale`: a profile's code path at sizes that run in seconds)
+    the numbers support no claim, so the claim is printed with its outcome instead of asserted.
+    Identities (an error below a tolerance) are plain ``assert``s: they hold at every scale.
+    """
+    if smoke_scale():
+        print(f"smoke scale, claim not checked ({'holds' if holds else 'fails'} here): {message}")
+    elif not holds:
+        raise AssertionError(message)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

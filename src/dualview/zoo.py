@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
+from dualview import smoke_scale
 from dualview.data import DataNotFoundError, data_dir
 from dualview.download import ChecksumError, download as download_file, file_digest
 from dualview.nets import Normalize, Resize, advertorch_lenet5, cifar_resnet, lenet5, mnist_cnn
@@ -30,6 +31,7 @@ __all__ = [
     "PRETRAINED",
     "ChecksumError",
     "load_pretrained",
+    "imagenet_model",
 ]
 
 # --------------------------------------------------------------------------------------------------
@@ -202,4 +204,35 @@ def load_pretrained(
     net = spec.build()
     net.load_state_dict(state, strict=True)
     model = nn.Sequential(OrderedDict(preprocess=spec.preprocess(), net=net))
+    return model.to(device).eval()
+
+
+def imagenet_model(arch: str, weights: str | None = "IMAGENET1K_V1",
+                   device: torch.device | str = "cpu") -> nn.Sequential:
+    """A torchvision ImageNet classifier as ``nn.Sequential(preprocess=..., net=...)``, in eval mode.
+
+    Takes images in ``[0, 1]`` (any size from 32 pixels up; ImageNet's normalisation is the affine
+    ``preprocess``) and returns the 1,000 ImageNet logits. ``arch`` is a torchvision model name
+    (``"resnet50"``, ``"vgg11_bn"``, ``"densenet121"``: the networks of Satkiewicz 2025, Section 5) and
+    ``weights`` the name of one of its weight sets, which torchvision downloads once into
+    ``torch.hub.get_dir()`` and checks; ``None`` gives random weights. In a smoke run
+    (:func:`dualview.smoke_scale`) nothing is downloaded: weights not already cached are replaced by
+    random ones, and it says so.
+    """
+    import torchvision
+
+    try:
+        choices = torchvision.models.get_model_weights(arch)
+    except ValueError as error:
+        raise ValueError(f"{arch!r} is not a torchvision model name (e.g. 'resnet50', 'vgg11_bn')") from error
+    if weights is not None:
+        if weights not in choices.__members__:
+            raise ValueError(f"{arch} has no weights {weights!r}; torchvision offers {list(choices.__members__)}")
+        cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(choices[weights].url)
+        if smoke_scale() and not cached.is_file():
+            print(f"smoke scale: the {arch} weights {weights} are not in {cached.parent} and a smoke run "
+                  "downloads nothing; random weights stand in for them")
+            weights = None
+    net = torchvision.models.get_model(arch, weights=weights)
+    model = nn.Sequential(OrderedDict(preprocess=_imagenet_normalize(), net=net))
     return model.to(device).eval()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -186,3 +188,15 @@ def test_on_slurm_the_points_go_out_as_an_array_and_its_failures_are_retried_the
             assert line in text, f"{line!r} not in the submission script:\n{text}"
     assert sorted(f.params["seed"] for f in report.failed) == [0, 1] and not report.ran
     assert all(f.attempts == 2 and "FAILED" in f.error for f in report.failed)
+
+
+def test_a_local_job_is_stopped_at_its_time_limit_and_reported(tmp_path):
+    # the job would sleep a minute; its limit is 0.1 minutes (6 s), so the local executor stops it
+    start = time.perf_counter()
+    report = sweep.run(subprocess.run, [dict(args=["sleep", "60"])], tmp_path, timeout_min=0.1, retries=0,
+                       verbose=False)
+    elapsed = time.perf_counter() - start
+    assert not report.ok and not report.ran and len(report.failed) == 1 and report.failed[0].attempts == 1
+    assert 6 <= elapsed < 40, elapsed
+    assert not (tmp_path / "rows").exists() or not list((tmp_path / "rows").glob("*.json"))
+    assert "has not produced any output" in report.failed[0].error  # submitit's word for a job it stopped

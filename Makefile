@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PROFILE ?= cpu
+SCALE ?= full
 CH ?= 01_paths
 export PYTHONHASHSEED ?= 0
 # pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
@@ -13,7 +14,7 @@ NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cachepr
 BOOK_OUT ?= .
 COURSE_HTML := _build/course/_build/html
 
-.PHONY: env book notebooks html test unit references sync student chapter sweep clean mutants
+.PHONY: env book notebooks html test unit smoke references sync student chapter sweep clean mutants
 
 env: $(VENV)/.installed
 
@@ -38,12 +39,14 @@ html: env
 	$(BIN)/jupyter-book build _build/stage --all --path-output $(BOOK_OUT) --warningiserror --nitpick --keep-going --quiet
 	@echo "The book is in $(BOOK_OUT)/_build/html/index.html"
 
-## make test: unit and property tests, every chapter executed once, the HTML build and its checks (tests/rendered)
+## make test: unit and property tests, every chapter executed in the cpu profile (compared with its references)
+## and at the smoke scale of the gpu profile (_build/smoke), the HTML build and its checks (tests/rendered)
 test: env
 	$(BIN)/python scripts/notebooks.py check-sync
 	$(BIN)/python scripts/student.py check
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu
-	$(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) _build/nbtest
+	$(BIN)/python scripts/notebooks.py prepare --profile gpu --scale smoke
+	$(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) _build/nbtest _build/smoke
 	$(MAKE) html
 	$(MAKE) html HIDE_SOLUTIONS=1 BOOK_OUT=_build/course
 	$(BIN)/python -m pytest -p no:cacheprovider tests/rendered
@@ -51,6 +54,11 @@ test: env
 
 unit: env
 	$(BIN)/python -m pytest tests --ignore=tests/rendered
+
+## the gpu profile's code path in seconds: every chapter with PROFILE="gpu", SCALE="smoke" (nothing compared or kept)
+smoke: env
+	$(BIN)/python scripts/notebooks.py prepare --profile gpu --scale smoke
+	$(BIN)/python -m pytest $(NBVAL) _build/smoke
 
 ## mutation check: apply one-line mistakes to a copy of the library and report which the unit tests miss
 mutants: env
@@ -71,12 +79,12 @@ sync: env
 student: env
 	$(BIN)/python scripts/student.py write
 
-## run one chapter with papermill in a chosen profile:  make chapter CH=01_paths PROFILE=gpu
+## run one chapter with papermill in a chosen profile (and scale):  make chapter CH=01_paths PROFILE=gpu [SCALE=smoke]
 chapter: env
 	mkdir -p _build/runs
 	$(BIN)/jupytext --to ipynb --output _build/runs/$(CH).ipynb book/$(CH).md
-	$(BIN)/papermill _build/runs/$(CH).ipynb _build/runs/$(CH)-$(PROFILE).ipynb -p PROFILE $(PROFILE) --cwd book
-	@echo "executed notebook: _build/runs/$(CH)-$(PROFILE).ipynb"
+	$(BIN)/papermill _build/runs/$(CH).ipynb _build/runs/$(CH)-$(PROFILE)-$(SCALE).ipynb -p PROFILE $(PROFILE) -p SCALE $(SCALE) --cwd book
+	@echo "executed notebook: _build/runs/$(CH)-$(PROFILE)-$(SCALE).ipynb"
 
 ## fan a sweep out as submitit jobs, one JSON row each (README, "Paper-scale sweeps"):
 ##   make sweep SWEEP=fc4-mnist [CLUSTER=slurm] [PARALLEL=4] [SWEEP_ARGS="--partition gpu --gpus-per-node 1"]

@@ -63,6 +63,14 @@ def test_smoke_cut_keeps_the_first_images_of_each_class():
         assert kept.x.flatten().long().tolist() == smoke_cut_reference(y, k)
 
 
+def test_smoke_run_cuts_mnist1d(monkeypatch):
+    x, y = data.load_mnist1d("test", num_samples=400)
+    monkeypatch.setenv("DUALVIEW_SCALE", "smoke")
+    xs, ys = data.load_mnist1d("test", num_samples=400)
+    kept = smoke_cut_reference(y, data.SMOKE_PER_CLASS)
+    assert torch.equal(xs, x[kept]) and torch.equal(ys, y[kept])
+
+
 def test_smoke_run_lets_an_offline_stand_in_replace_a_download(monkeypatch, tmp_path, capsys):
     (tmp_path / "cifar10" / "test" / "cat").mkdir(parents=True)
     for c in data.CIFAR10_CLASSES:  # a tiny offline CIFAR-10 test folder: 20 images per class
@@ -103,12 +111,12 @@ def test_cifar100_reads_the_python_version(tmp_path):
 
 def test_tabular_smoke_run_stands_in_the_bundled_table(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("SCIKIT_LEARN_DATA", str(tmp_path))  # an empty data home: California is missing
-    x, y, name = data.load_tabular("diabetes")
-    assert x.shape == (442, 10) and y.shape == (442,) and "diabetes" in name
+    x, y, features, name = data.load_tabular("diabetes")
+    assert x.shape == (442, 10) and y.shape == (442,) and "diabetes" in name and features[:2] == ("age", "sex")
     with pytest.raises(data.DataNotFoundError, match="California Housing"):
         data.load_tabular("california_housing", download=False)
     monkeypatch.setenv("DUALVIEW_SCALE", "smoke")
-    x, y, name = data.load_tabular("california_housing")
+    x, y, features, name = data.load_tabular("california_housing")
     assert "standing in for it" in capsys.readouterr().out and "diabetes" in name
     assert x.shape == (10 * data.SMOKE_PER_CLASS, 10) and not os.listdir(tmp_path)
     with pytest.raises(ValueError, match="name must be one of"):

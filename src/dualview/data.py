@@ -33,7 +33,7 @@ import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -54,6 +54,7 @@ __all__ = [
     "load_mnist",
     "load_cifar10",
     "load_cifar100",
+    "Table",
     "load_tabular",
     "SMOKE_PER_CLASS",
     "smoke_cut",
@@ -188,12 +189,17 @@ def _image_data(x_uint8: Tensor, y: Tensor, classes: tuple[str, ...], source: st
 SMOKE_PER_CLASS = 16
 
 
+def _first_per_class(y: Tensor, per_class: int) -> Tensor:
+    """Indices (in order) of the first ``per_class`` samples of each class."""
+    order = torch.argsort(y, stable=True)
+    counts = torch.bincount(y)
+    rank = torch.arange(len(order), device=order.device) - (torch.cumsum(counts, 0) - counts)[y[order]]
+    return order[rank < per_class].sort().values
+
+
 def smoke_cut(images: ImageData, per_class: int = SMOKE_PER_CLASS) -> ImageData:
     """The first ``per_class`` images of each class, in their order (what a smoke run keeps)."""
-    order = torch.argsort(images.y, stable=True)
-    counts = torch.bincount(images.y, minlength=len(images.classes))
-    rank = torch.arange(len(order), device=order.device) - (torch.cumsum(counts, 0) - counts)[images.y[order]]
-    kept = images[order[rank < per_class].sort().values]
+    kept = images[_first_per_class(images.y, per_class)]
     print(f"smoke scale: {len(kept):,} of {len(images):,} images kept ({per_class} per class) of {images.source}")
     return kept
 
@@ -518,8 +524,18 @@ _TABLES = {
 }
 
 
-def load_tabular(name: str, download: bool | None = None) -> tuple[Tensor, Tensor, str]:
-    """A regression table of scikit-learn as float32 ``(x (N, d), y (N,), description)``, unscaled.
+class Table(NamedTuple):
+    """A regression table: float32 features ``x (N, d)`` (unscaled), targets ``y (N,)``, the feature
+    names and a human-readable ``source``."""
+
+    x: Tensor
+    y: Tensor
+    features: tuple[str, ...]
+    source: str
+
+
+def load_tabular(name: str, download: bool | None = None) -> Table:
+    """A regression table of scikit-learn as a :class:`Table`.
 
     ``"diabetes"`` is bundled with scikit-learn; ``"california_housing"`` is downloaded by scikit-learn
     into its own data home (``$SCIKIT_LEARN_DATA``, default ``~/scikit_learn_data``) unless
@@ -547,7 +563,7 @@ def load_tabular(name: str, download: bool | None = None) -> tuple[Tensor, Tenso
         n = 10 * SMOKE_PER_CLASS
         print(f"smoke scale: {min(n, len(x)):,} of {len(x):,} rows kept of {_TABLES[name]}")
         x, y = x[:n], y[:n]
-    return x, y, _TABLES[name]
+    return Table(x, y, tuple(table.feature_names), _TABLES[name])
 
 
 @functools.lru_cache(maxsize=4)
@@ -564,14 +580,19 @@ def load_mnist1d(split: str = "train", num_samples: int = 5000, seed: int = 42) 
 
     ``x``: float32 ``(N, 1, 40)`` signals, ``y``: int64 labels 0-9. The package's defaults (its
     ``get_dataset_args``) with ``num_samples`` signals in all, 80 % in ``"train"``, 20 % in ``"test"``;
-    the same ``seed`` gives the same signals.
+    the same ``seed`` gives the same signals. A smoke run keeps the first :data:`SMOKE_PER_CLASS` of each class.
     """
     _check_choice("split", split, ("train", "test"))
     if not isinstance(num_samples, int) or num_samples < 10:
         raise ValueError(f"num_samples must be an int >= 10, got {num_samples!r}")
     d = _mnist1d(num_samples, seed)
     x, y = (d["x"], d["y"]) if split == "train" else (d["x_test"], d["y_test"])
-    return torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64)
+    x, y = torch.as_tensor(x, dtype=torch.float32).unsqueeze(1), torch.as_tensor(y, dtype=torch.int64)
+    if smoke_scale():
+        kept = _first_per_class(y, SMOKE_PER_CLASS)
+        print(f"smoke scale: {len(kept):,} of {len(y):,} MNIST-1D {split} signals kept ({SMOKE_PER_CLASS} per class)")
+        x, y = x[kept], y[kept]
+    return x, y
 
 
 def make_ixor(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:

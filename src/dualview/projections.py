@@ -313,10 +313,11 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
         if plan is not None:  # as many inputs per chunk as hold about chunk_size Jacobian columns
             n_hidden = sum(rec.preactivations[k][0].numel() for k in names)
             budget = chunk_size * n_hidden if chunk_size else 1 << 22  # default: a few cache-sized images
-            per = max(1, budget // plan.volume)
-            parts = [receptive_fields.sq_norms(x[i:i + per], {k: g[i:i + per] for k, g in rec.gates.items()},
-                                               {k: p[i:i + per] for k, p in rec.pool_indices.items()}, plan)
-                     for i in range(0, n, per)]
+            count = -(-n // max(1, budget // plan.volume))  # chunks, of sizes as equal as can be
+            bounds = [n * k // count for k in range(count + 1)]  # (32 inputs by <= 6: 5, 5, 6, 5, 5, 6)
+            parts = [receptive_fields.sq_norms(x[i:j], {k: g[i:j] for k, g in rec.gates.items()},
+                                               {k: p[i:j] for k, p in rec.pool_indices.items()}, plan)
+                     for i, j in zip(bounds, bounds[1:])]
             sq = {k: torch.cat([part[k] for part in parts]) for k in names}
         else:
             sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}

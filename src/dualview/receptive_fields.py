@@ -39,7 +39,8 @@ class ConvPlan:
     sweep), and holds only the non-zero part of the Jacobian. The tail after ``Flatten`` (Linear,
     ReLU) mixes all pixels: its first layer's switched weights are the weighted sums of the flattened
     units' patches, added into the image position by position, and later layers multiply these dense
-    rows by their weights and gates. (MNIST CNN: windows of at most 16 x 16 of the 28 x 28 pixels.)
+    rows by their weights and gates. Layers after the last ReLU hold no hidden neuron and are left out
+    of the plan. (MNIST CNN: windows of at most 16 x 16 of the 28 x 28 pixels.)
     """
 
     spatial: list[tuple[str, nn.Module, tuple[int, ...]]]   # (name, module, output shape C x H x W)
@@ -111,101 +112,138 @@ def conv_plan(model: nn.Module, x: Tensor, names: list[str]) -> ConvPlan | None:
     if relu_names != names:
         return None  # every ReLU module is one site, named by its path (record_gates' names)
     sites = iter(n for n, m in tail if isinstance(m, nn.ReLU))
-    first = tail[0][1].out_features if tail and isinstance(tail[0][1], nn.Linear) else z[0].numel()
-    volume = max(volume, first * c * h * w)  # the dense switched weights of the first tail layer
-    return ConvPlan([(n, m, s) for (n, m), s in zip(spatial, shapes)],
-                     [(next(sites) if isinstance(m, nn.ReLU) else None, m) for _, m in tail], volume)
+    tail = [(next(sites) if isinstance(m, nn.ReLU) else None, m) for _, m in tail]
+    spatial = [(n, m, s) for (n, m), s in zip(spatial, shapes)]
+    # layers after the last ReLU hold no hidden neuron: the plan stops there
+    last = [k for k, (_, m) in enumerate(tail) if isinstance(m, nn.ReLU)]
+    if last:
+        tail = tail[:last[-1] + 1]
+        first = tail[0][1].out_features if isinstance(tail[0][1], nn.Linear) else z[0].numel()
+        volume = max(volume, first * c * h * w)  # the dense switched weights of the first tail layer
+    else:
+        tail, spatial = [], spatial[:max((k for k, (_, m, _) in enumerate(spatial) if isinstance(m, nn.ReLU)), default=-1) + 1]
+    return ConvPlan(spatial, tail, volume)
 
 
 def _shift_add(patches: Tensor, m: nn.Module, shape, batch: int, jump, add) -> Tensor:
-    """Patches ``(C_in, s_h, s_w, C, N, H, W)`` through a windowed layer into ``shape = (C', H', W')``:
+    """Patches ``(C_in, s_h, s_w, N, H, W, C)`` through a windowed layer into ``shape = (C', H', W')``:
     for each kernel offset, ``add(window, ky, kx, selected)`` adds the units below at that offset
-    (zero-padded) into the offset's place of the larger window of every unit above."""
+    (zero-padded, ``(C_in, s_h, s_w, N, H', W', C)``) into the offset's place of the larger window of
+    every unit above (``out[:, y: y + s_h, x: x + s_w]``, a view)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = _window(m)
     cin, s0, s1 = patches.shape[:3]
-    patches = F.pad(patches, (pw, pw, ph, ph)) if ph or pw else patches
+    patches = F.pad(patches, (0, 0, pw, pw, ph, ph)) if ph or pw else patches
     co, oh, ow = shape
-    out = patches.new_zeros(cin, s0 + (kh - 1) * dh * jump[0], s1 + (kw - 1) * dw * jump[1], co, batch, oh, ow)
+    out = patches.new_zeros(cin, s0 + (kh - 1) * dh * jump[0], s1 + (kw - 1) * dw * jump[1], batch, oh, ow, co)
     for ky in range(kh):
         for kx in range(kw):
-            sel = patches[..., ky * dh: ky * dh + sh * (oh - 1) + 1: sh, kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
+            sel = patches[:, :, :, :, ky * dh: ky * dh + sh * (oh - 1) + 1: sh, kx * dw: kx * dw + sw * (ow - 1) + 1: sw]
             y, x = ky * dh * jump[0], kx * dw * jump[1]
             add(out[:, y: y + s0, x: x + s1], ky, kx, sel)
     return out
 
 
+def _conv(t: Tensor, m: nn.Conv2d, shape, jump) -> Tensor:
+    """A convolution's patches: for each kernel offset, its ``C x C'`` weights times the patches of
+    the units below at that offset, accumulated by the matrix product itself (``baddbmm_``) into each
+    row of the larger windows (channels last, so a window row is one matrix of ``s_w N H' W'`` rows)."""
+    wt = m.weight.to(t.dtype)
+    if m.groups > 1:  # the dense (O, C) weight of a grouped convolution, zero across groups
+        o, g = wt.shape[0], m.groups
+        dense = wt.new_zeros(o, g, wt.shape[1], *wt.shape[2:])
+        dense[torch.arange(o), torch.arange(o) // (o // g)] = wt
+        wt = dense.flatten(1, 2)
+    by_offset = wt.permute(2, 3, 1, 0).contiguous()  # (k_h, k_w, C, C')
+
+    def add(window, ky, kx, sel):
+        cin, s0 = sel.shape[:2]
+        rows = sel.reshape(cin, s0, -1, sel.shape[-1])  # (C_in, s_h, s_w N H' W', C), one copy
+        w = by_offset[ky, kx].expand(s0, -1, -1)
+        for ci in range(cin):  # patch channels (1 for grey images): each window row is a strided view
+            window[ci].view(s0, -1, window.shape[-1]).baddbmm_(rows[ci], w)
+    return _shift_add(t, m, shape, t.shape[3], jump, add)
+
+
+def _max_pool(t: Tensor, m: nn.MaxPool2d, shape, jump, idx: Tensor, gate: Tensor | None) -> Tensor:
+    """A max-pool's patches: each window passes its winner's patch (``idx``: ``(N, C, H', W')`` flat
+    positions in the map below, as recorded), shifted into place and scaled by the winner's gate of a
+    ReLU right below (``gate``: ``(N, C, H, W)``; gating only the winners spares a pass over the map)."""
+    width = t.shape[5]
+    (_, _), (sh, sw), (ph, pw), (dh, dw) = _window(m)
+    oy = torch.arange(shape[1], device=t.device)[:, None] * sh - ph
+    ox = torch.arange(shape[2], device=t.device)[None, :] * sw - pw
+    ky, kx = (idx // width - oy) // dh, (idx % width - ox) // dw  # the winners' kernel offsets
+    scale = torch.ones((), dtype=t.dtype, device=t.device) if gate is None else \
+        gate.flatten(2).gather(2, idx.flatten(2)).view_as(idx).to(t.dtype)
+    to_last = (0, 2, 3, 1)  # (N, C, H', W') -> (N, H', W', C)
+
+    def add(window, a, b, sel):
+        window.addcmul_(sel, torch.where((ky == a) & (kx == b), scale, 0).permute(to_last))
+    return _shift_add(t, m, shape, idx.shape[0], jump, add)
+
+
 def sq_norms(x: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor], plan: ConvPlan) -> dict[str, Tensor]:
     """``|w_i|^2``, the squared norm of the switched weight (Theorem 1 of :cite:`szymanski2020switched`)
     of every hidden neuron, ``{name: (N, U_l)}``, for the inputs ``x`` (one chunk, with their recorded
-    gates and max-pool winners, as :func:`dualview.gates.record_gates` gives them) through the plan's patches, held as ``(C_in, s_h, s_w, C, N, H, W)``: patch
-    coordinates first, so that adding a patch into a window of a larger one adds whole layers."""
+    gates and max-pool winners, as :func:`dualview.gates.record_gates` gives them) through the plan's
+    patches, held as ``(C_in, s_h, s_w, N, H, W, C)``: patch coordinates first, so that adding a patch
+    into a window of a larger one adds whole layers, and channels last, so that a window row is one
+    matrix for the matrix products. A ReLU's gate waits for the next layer: a max-pool right above
+    applies it to its winners only."""
     n, (c, h, w) = x.shape[0], x.shape[1:]
     sq: dict[str, Tensor] = {}
     # an input unit's patch is its own coordinate, the same for every input until the first gate or
     # max-pool (a batch dimension of 1 broadcasts)
-    t = torch.eye(c, dtype=x.dtype, device=x.device)[:, None, None, :, None, None, None].expand(c, 1, 1, c, 1, h, w)
+    t = torch.eye(c, dtype=x.dtype, device=x.device)[:, None, None, None, None, None, :].expand(c, 1, 1, 1, h, w, c)
     jump, start = [1, 1], [0, 0]  # of the receptive fields, in input pixels
+    gate = None  # of the last ReLU, not yet applied
     for name, m, shape in plan.spatial:
+        if gate is not None and not isinstance(m, (nn.MaxPool2d, nn.Dropout, nn.Identity)):
+            t, gate = _apply_gate(t, gate, n), None
         if isinstance(m, nn.Conv2d):
-            wt = m.weight.to(x.dtype)
-            if m.groups > 1:  # the dense (O, C) weight of a grouped convolution, zero across groups
-                o, g = wt.shape[0], m.groups
-                dense = wt.new_zeros(o, g, wt.shape[1], *wt.shape[2:])
-                dense[torch.arange(o), torch.arange(o) // (o // g)] = wt
-                wt = dense.flatten(1, 2)
-
-            def conv_add(window, ky, kx, sel, wt=wt):
-                part = torch.matmul(wt[:, :, ky, kx], sel.reshape(-1, sel.shape[3], sel[0, 0, 0, 0].numel()))
-                window += part.view(window.shape)
-            t = _shift_add(t, m, shape, t.shape[4], jump, conv_add)
-        elif isinstance(m, nn.MaxPool2d):  # each window passes its winner's patch, shifted into place
-            idx = pool_indices[name].transpose(0, 1)  # (C, N, H', W') flat positions in the map below
-            width = t.shape[-1]
-            (_, _), (sh, sw), (ph, pw), (dh, dw) = _window(m)
-            oy = torch.arange(shape[1], device=x.device)[:, None] * sh - ph
-            ox = torch.arange(shape[2], device=x.device)[None, :] * sw - pw
-            ky, kx = (idx // width - oy) // dh, (idx % width - ox) // dw
-
-            def pool_add(window, a, b, sel, ky=ky, kx=kx):
-                window.addcmul_(sel, ((ky == a) & (kx == b)).to(sel.dtype))
-            t = _shift_add(t, m, shape, n, jump, pool_add)
+            t = _conv(t, m, shape, jump)
+        elif isinstance(m, nn.MaxPool2d):
+            t, gate = _max_pool(t, m, shape, jump, pool_indices[name], gate), None
         elif isinstance(m, nn.AvgPool2d):
             k = _window(m)[0]
             div = m.divisor_override or k[0] * k[1]
-            t = _shift_add(t, m, shape, t.shape[4], jump,
+            t = _shift_add(t, m, shape, t.shape[3], jump,
                            lambda window, a, b, sel, div=div: window.add_(sel, alpha=1 / div))
         elif isinstance(m, nn.ReLU):
-            norms = (t * t).sum((0, 1, 2))  # (C, N, H, W)
-            sq[name] = norms.transpose(0, 1).flatten(1).expand(n, -1)
-            g = gates[name].transpose(0, 1).to(x.dtype)
-            t = t.mul_(g) if t.shape[4] == n and t.is_contiguous() else t * g  # in place unless shared
+            norms = _sum_squares(t, 3)  # (N, H, W, C)
+            sq[name] = norms.permute(0, 3, 1, 2).flatten(1).expand(n, -1)
+            gate = gates[name]
         elif not isinstance(m, (nn.Dropout, nn.Identity)):  # point-wise affine (BatchNorm, Normalize)
-            v, cc, nn_, hh, ww = t.flatten(0, 2).shape
-            tangent = t.flatten(0, 2).transpose(1, 2).reshape(v * nn_, cc, hh, ww)
+            cc, hh, ww = t.shape[-1], *t.shape[4:6]
+            tangent = t.reshape(-1, hh, ww, cc).permute(0, 3, 1, 2)
             lin = torch.func.jvp(m, (torch.zeros_like(tangent),), (tangent,))[1]
-            t = lin.view(v, nn_, *lin.shape[1:]).transpose(1, 2).reshape(*t.shape[:3], *lin.shape[1:2],
-                                                                          nn_, *lin.shape[2:])
+            t = lin.permute(0, 2, 3, 1).reshape(*t.shape[:-1], lin.shape[1])
         if isinstance(m, _WINDOWED):
             _, stride, pad, _ = _window(m)
             start = [start[a] - pad[a] * jump[a] for a in range(2)]
             jump = [jump[a] * stride[a] for a in range(2)]
+    if not plan.tail:
+        return sq
+    if gate is not None:
+        t = _apply_gate(t, gate, n)
     # the first tail layer's switched weights: position by position of the flattened map, its weights
-    # (O x C) times the C patches there, added into the image (all O rows at once)
+    # (C x O) times the C patches there, added into the image (all O rows at once)
     fc, fh, fw = plan.spatial[-1][2] if plan.spatial else (c, h, w)
-    t = t.expand(*t.shape[:4], n, *t.shape[5:])
     tail = list(plan.tail)
-    if tail and isinstance(tail[0][1], nn.Linear):
+    if isinstance(tail[0][1], nn.Linear):
         wt = tail.pop(0)[1].weight.to(x.dtype).reshape(-1, fc, fh, fw)
     else:  # a gate right after Flatten: the flattened units themselves
         wt = torch.eye(fc * fh * fw, dtype=x.dtype, device=x.device).reshape(-1, fc, fh, fw)
-    o, (s0, s1) = wt.shape[0], t.shape[1:3]
+    by_weight = wt.permute(2, 3, 1, 0).contiguous()  # (H, W, C, O)
+    o, (cin, s0, s1) = wt.shape[0], t.shape[:3]
     canvas = (jump[0] * (fh - 1) + s0, jump[1] * (fw - 1) + s1)
-    img = x.new_zeros(c, *canvas, n, o)
-    by_position = t.permute(5, 6, 0, 1, 2, 4, 3).reshape(fh, fw, -1, fc)  # (H, W, C_in s_h s_w N, C)
+    img = x.new_zeros(cin, *canvas, n, o)
+    by_position = t.expand(*t.shape[:3], n, *t.shape[4:]).permute(4, 5, 0, 1, 2, 3, 6)
+    by_position = by_position.reshape(fh, fw, cin * s0 * s1 * n, fc)  # one copy
     for py in range(fh):
         for px in range(fw):
-            part = by_position[py, px] @ wt[:, :, py, px].T  # (C_in s_h s_w N, O)
-            img[:, py * jump[0]: py * jump[0] + s0, px * jump[1]: px * jump[1] + s1] += part.view(c, s0, s1, n, o)
+            part = by_position[py, px] @ by_weight[py, px]  # (C_in s_h s_w N, O)
+            img[:, py * jump[0]: py * jump[0] + s0, px * jump[1]: px * jump[1] + s1] += part.view(cin, s0, s1, n, o)
     if start == [0, 0] and canvas == (h, w):
         rows = img
     else:  # the part of the canvas inside the image
@@ -214,10 +252,29 @@ def sq_norms(x: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor
         r1, c1 = min(h, start[0] + canvas[0]), min(w, start[1] + canvas[1])
         rows[:, r0:r1, c0:c1] = img[:, r0 - start[0]: r1 - start[0], c0 - start[1]: c1 - start[1]]
     rows = rows.reshape(c * h * w, n, o)
-    for name, m in tail:
+    for k, (name, m) in enumerate(tail):
         if isinstance(m, nn.Linear):
             rows = rows @ m.weight.to(rows.dtype).T
         elif name is not None:
-            sq[name] = (rows * rows).sum(0)
-            rows = rows * gates[name].flatten(1).to(rows.dtype)
+            sq[name] = _sum_squares(rows, 1)
+            if k < len(tail) - 1:
+                rows = rows * gates[name].flatten(1).to(rows.dtype)
     return sq
+
+
+def _apply_gate(t: Tensor, gate: Tensor, n: int) -> Tensor:
+    """Patches times a ReLU's gates ``(N, C, H, W)`` (in place unless ``t`` is shared by the batch)."""
+    g = gate.permute(0, 2, 3, 1).to(t.dtype)
+    return t.mul_(g) if t.shape[3] == n and t.is_contiguous() else t * g
+
+
+def _sum_squares(t: Tensor, k: int) -> Tensor:
+    """``(t * t).sum`` over the first ``k`` dimensions, a cache-sized slice at a time (a temporary as
+    large as ``t`` would cost a pass through memory)."""
+    flat = t.reshape(-1, *t.shape[k:])
+    step = max(1, (1 << 16) // flat[0].numel())
+    total = None
+    for part in flat.split(step):
+        square = part * part
+        total = square.sum(0) if total is None else total.add_(square.sum(0))
+    return total

@@ -26,5 +26,8 @@ def digits_small() -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.fixture(autouse=True)
 def full_scale(monkeypatch):
     """Every test starts at full scale, and a test that turns on a smoke run (dualview.setup with
-    scale="smoke" sets $DUALVIEW_SCALE) leaves no trace in the next one."""
+    scale="smoke" sets $DUALVIEW_SCALE and one torch thread) leaves no trace in the next one."""
     monkeypatch.setenv("DUALVIEW_SCALE", "full")
+    threads = torch.get_num_threads()  # a smoke run's setup sets one thread
+    yield
+    torch.set_num_threads(threads)

@@ -21,7 +21,7 @@ SIZES = {"cpu": dict(epochs=2, n=10), "gpu": dict(epochs=50, n=1000, width=512),
 
 def test_smoke_scale_overrides_the_profile_sizes_and_says_so(capsys):
     sizes, _ = dualview.setup("gpu", 0, "cpu", sizes=SIZES, scale="smoke")
-    assert sizes == dict(epochs=1, n=20, width=512) and dualview.smoke_scale()
+    assert sizes == dict(epochs=1, n=20, width=512) and dualview.smoke_scale() and torch.get_num_threads() == 1
     assert "profile 'gpu' at smoke scale on cpu" in capsys.readouterr().out
     sizes, _ = dualview.setup("gpu", 0, "cpu", sizes=SIZES)
     assert sizes == SIZES["gpu"] and not dualview.smoke_scale()

@@ -94,8 +94,9 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
 
     ``sizes`` maps each profile (``"cpu"``: laptop scale, what the book shows; ``"gpu"``: paper scale) to
     that profile's sizes, and optionally ``"smoke"`` to the sizes a smoke run overrides (fewer epochs,
-    seeds, images: keys of the profile's own sizes). ``scale="smoke"`` runs the chosen profile's code
-    path (same branches, models and data sources) at those sizes in seconds; see :func:`smoke_scale`.
+    seeds, images, widths: keys of the profile's own sizes). ``scale="smoke"`` runs the chosen profile's
+    code path (same branches, models and data sources) at those sizes in seconds, on one CPU thread; see
+    :func:`smoke_scale`.
     ``device`` ``None`` picks :func:`default_device`. Seeds everything with ``seed``, glues the
     profile's name as ``"profile"`` for the chapter's prose (when run by the book's notebook engine)
     and prints one line saying what runs where. Use it as
@@ -115,6 +116,8 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
                              "only shrinks the profile's own sizes")
         chosen.update(sizes.get("smoke", {}))
     os.environ[SCALE_ENV] = scale
+    if scale == "smoke":  # tiny tensors gain nothing from more threads, and a busy machine slows them badly
+        torch.set_num_threads(1)
     dev = torch.device(device) if device is not None else default_device()
     seed_everything(seed)
     try:

@@ -44,11 +44,11 @@ __all__ = [
 
 
 def claim(holds: bool, message: str) -> None:
-    """Assert a comparative claim of the book's prose: raise ``AssertionError(message)`` if it fails.
+    """Assert a comparative claim of the book's prose: raise an ``AssertionError`` with ``message`` if it fails.
 
-    In a smoke run (:func:`dualview.smoke_scale`: a profile's code path at sizes that run in seconds)
-    the numbers support no claim, so the claim is printed with its outcome instead of asserted.
-    Identities (an error below a tolerance) are plain ``assert``s: they hold at every scale.
+    In a smoke run (see :func:`dualview.smoke_scale`), a profile's code path at sizes that run in
+    seconds, the numbers support no claim, so the claim is printed with its outcome instead. Identities
+    (an error below a tolerance) stay plain assert statements: they hold at every scale.
     """
     if smoke_scale():
         print(f"smoke scale, claim not checked ({'holds' if holds else 'fails'} here): {message}")

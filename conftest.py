@@ -4,11 +4,18 @@ nbval (``pytest --nbval-lax _build/nbtest``) executes every cell of a prepared c
 and compares the cells tagged ``nbval-check-output`` with their reference outputs. These hooks
 collect the outputs nbval received for every cell and, at the end of the session, write each
 executed chapter to ``_build/executed/`` (the copy ``scripts/notebooks.py stage`` hands to
-jupyter-book) and print how long each chapter took. Smoke runs (``_build/smoke``: the gpu profile's
-code path at tiny sizes) are timed but not kept.
+jupyter-book) and print how long each chapter took, under which CPU configuration. Smoke runs
+(``_build/smoke``: the gpu profile's code path at tiny sizes) are timed but not kept.
+
+They also sort nbval's failures into two kinds and write them to ``_build/executed/status.json``
+(read by ``scripts/notebooks.py report``, which ``make book`` runs): a checked cell whose output
+differs from its reference (nbval's "Cell outputs differ": the book can still be built from this
+run's outputs; ``make test`` fails) and a cell that failed (an assert, an exception, a timeout, a
+dead kernel: nothing is built).
 """
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -21,6 +28,9 @@ os.environ.pop("MPLBACKEND", None)
 
 ROOT = Path(__file__).resolve().parent
 NBTEST, SMOKE = ROOT / "_build" / "nbtest", ROOT / "_build" / "smoke"
+STATUS = ROOT / "_build" / "executed" / "status.json"
+CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+OUTPUTS_DIFFER = "Cell outputs differ"  # nbval's NbCellError message for a checked output that differs
 _executed: dict[Path, dict] = {}
 
 
@@ -28,22 +38,77 @@ def _is_nbval_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell"
 
 
+def _entry(item) -> dict:
+    path = Path(str(item.parent.fspath))
+    return _executed.setdefault(path, {"nb": item.parent.nb, "outputs": {}, "seconds": 0.0,
+                                       "mismatches": [], "errors": []})
+
+
+def _first_line(item) -> str:
+    lines = [line for line in str(item.cell.source).strip().splitlines() if line.strip()]
+    return lines[0] if lines else "(empty cell)"
+
+
+def pytest_collection_finish(session):
+    if any(_is_nbval_cell(item) for item in session.items):
+        STATUS.unlink(missing_ok=True)  # a session that stops before its end leaves no status behind
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     start = time.perf_counter()
     yield
     if _is_nbval_cell(item):
-        path = Path(str(item.parent.fspath))
-        entry = _executed.setdefault(path, {"nb": item.parent.nb, "outputs": {}, "seconds": 0.0, "failed": False})
+        entry = _entry(item)
         entry["outputs"][item.cell_num] = list(getattr(item, "test_outputs", []) or [])
         entry["seconds"] += time.perf_counter() - start
 
 
-def pytest_runtest_logreport(report):
-    if report.when == "call" and report.failed:
-        for path, entry in _executed.items():
-            if str(path) in report.nodeid or path.name in report.nodeid:
-                entry["failed"] = True
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not _is_nbval_cell(item) or not (report.failed or (report.skipped and hasattr(report, "wasxfail"))):
+        return
+    # a cell after a timeout is xfailed by nbval: the chapter did not run, so it counts as failed
+    exc = call.excinfo.value if call.excinfo is not None else None
+    cell = {"cell": item.cell_num, "first_line": _first_line(item)}
+    if report.when == "call" and type(exc).__name__ == "NbCellError" and str(exc) == OUTPUTS_DIFFER:
+        _entry(item)["mismatches"].append(cell)
+    else:
+        message = str(exc).strip().splitlines()[0] if exc is not None and str(exc).strip() else report.outcome
+        if exc is not None and getattr(exc, "inner_traceback", None):
+            tail = [line for line in exc.inner_traceback.strip().splitlines() if line.strip()]
+            message += ": " + _plain(tail[-1]) if tail else ""
+        _entry(item)["errors"].append({**cell, "message": f"{message} ({report.when})"})
+
+
+def _plain(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # a traceback from the kernel carries terminal colours
+
+
+def cpu_configuration() -> dict:
+    """This process's torch kernels, the variables that choose them and its thread count; the chapters'
+    kernels inherit this environment (PyTorch reads the variables at its first use in each process)."""
+    import torch
+
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            **{name: os.environ.get(name) for name in CPU_VARIABLES}, "torch_threads": torch.get_num_threads()}
+
+
+def _describe(config: dict) -> str:
+    variables = " ".join(f"{k}={config[k] if config[k] is not None else '(unset)'}" for k in CPU_VARIABLES)
+    return f"torch kernels {config['cpu_capability']}, {config['torch_threads']} torch thread(s); {variables}"
+
+
+def _recorded() -> str:
+    path = ROOT / "tests" / "reference" / "recorded-with.json"
+    if not path.exists():
+        return "tests/reference/recorded-with.json is missing"
+    recorded = json.loads(path.read_text())
+    return f"references recorded with {recorded.get('cpu_capability')}, {recorded.get('torch_threads')} thread(s)"
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -51,7 +116,9 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import nbformat
 
+    config = cpu_configuration()
     runs: dict[str, list[str]] = {}
+    status = {"exitstatus": int(exitstatus), "configuration": config, "chapters": {}}
     for path, entry in _executed.items():
         nb = entry["nb"]
         code_cells = [c for c in nb.cells if c.cell_type == "code"]
@@ -68,11 +135,18 @@ def pytest_sessionfinish(session, exitstatus):
             dest.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, dest)
             run = "cpu profile"
-        status = "FAILED" if entry["failed"] else "ok"
-        runs.setdefault(run, []).append(f"  {rel.as_posix():40s} {entry['seconds']:7.1f} s  {status}")
+        name = rel.as_posix() + (" (smoke)" if run.startswith("gpu") else "")
+        status["chapters"][name] = {"run": run, "seconds": round(entry["seconds"], 1),
+                                    "mismatches": entry["mismatches"], "errors": entry["errors"]}
+        state = ("FAILED" if entry["errors"] else
+                 f"{len(entry['mismatches'])} checked output(s) differ" if entry["mismatches"] else "ok")
+        runs.setdefault(run, []).append(f"  {rel.as_posix():40s} {entry['seconds']:7.1f} s  {state}")
+    STATUS.parent.mkdir(parents=True, exist_ok=True)
+    STATUS.write_text(json.dumps(status, indent=1) + "\n")
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         for run, lines in runs.items():
             reporter.write_sep("=", f"chapter execution times ({run})")
+            reporter.write_line(f"  run with {_describe(config)} ({_recorded()})")
             for line in lines:
                 reporter.write_line(line)

@@ -12,7 +12,19 @@ Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file wi
         conftest.py writes each executed notebook to _build/executed/ as nbval runs it, so a
         chapter is executed once and the same outputs go into the book.
     python scripts/notebooks.py record
-        store the outputs of the tagged cells of the executed chapters as the new references.
+        store the outputs of the tagged cells of the executed chapters as the new references, and the CPU
+        configuration they were executed under in tests/reference/recorded-with.json (this process has the
+        kernels' environment, so it sees their torch kernels and thread count).
+    python scripts/notebooks.py test-env
+        print (one line, possibly empty) the environment variables under which `make test` executes the
+        chapters: a CPU configuration other than the recorded one, of similar cost, so that every checked cell
+        is shown to survive other CPU kernels; nothing if the user's environment sets one already. A line on
+        stderr says which configuration was recorded and which one runs here.
+    python scripts/notebooks.py report
+        after `pytest --nbval-lax _build/nbtest` (make book): read _build/executed/status.json, which the root
+        conftest.py writes, print the checked cells whose outputs differ from their references and the cells
+        that failed; exit 0 if outputs only differ (the book is built from this run's outputs), 1 if a cell
+        failed (an assert, an exception, a timeout) or the run did not finish.
     python scripts/notebooks.py stage
         assemble _build/stage/ (configuration, plain pages, executed chapters) for jupyter-book;
         with HIDE_SOLUTIONS=1 in the environment, the exercises' solutions are left out (a course build).
@@ -51,6 +63,8 @@ SMOKE = BUILD / "smoke"
 EXECUTED = BUILD / "executed"
 STAGE = BUILD / "stage"
 REFERENCES = ROOT / "tests" / "reference"
+RECORDED_WITH = REFERENCES / "recorded-with.json"
+STATUS = EXECUTED / "status.json"  # written by the root conftest.py at the end of a session that ran chapters
 CHECK_TAG = "nbval-check-output"
 
 
@@ -158,6 +172,40 @@ def _strip_images(output: dict) -> dict:
     return out
 
 
+# The environment variables that choose torch's CPU kernels and thread count (PyTorch reads them at first use).
+CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_configuration() -> dict:
+    """What this process's torch computes with: its kernels' instruction set, the variables that choose
+    them, its thread count, the CPU."""
+    import torch
+
+    return {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            **{name: os.environ.get(name) for name in CPU_VARIABLES},
+            "torch_threads": torch.get_num_threads(), "cpu": cpu_model()}
+
+
+def describe(config: dict) -> str:
+    """One line: 'AVX2, 2 threads (ATEN_CPU_CAPABILITY=default)'."""
+    threads = config.get("torch_threads")
+    text = f"{config.get('cpu_capability')}, {threads} thread{'s' if threads != 1 else ''}"
+    set_vars = " ".join(f"{k}={config[k]}" for k in CPU_VARIABLES if config.get(k) is not None)
+    return text + (f" ({set_vars})" if set_vars else "")
+
+
 def record() -> None:
     REFERENCES.mkdir(parents=True, exist_ok=True)
     for ch in chapters():
@@ -168,6 +216,77 @@ def record() -> None:
         refs = {_cell_key(c.source): [_strip_images(o) for o in c.outputs] for c in _checked_cells(nb)}
         _reference_file(ch).write_text(json.dumps(refs, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(refs)} reference outputs for {ch.relative_to(ROOT)}")
+    config = cpu_configuration()
+    RECORDED_WITH.write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    print(f"recorded with {describe(config)} on {config['cpu']}: {RECORDED_WITH.relative_to(ROOT)}")
+
+
+# How `make test` moves the chapters off the recorded CPU configuration when this machine's native one is the
+# recorded one, keyed by the native capability (torch.backends.cpu.get_cpu_capability()). Each choice should
+# cost about as much as the native run (CI has 30 minutes on 2 cores): other vectorised kernels of the same
+# width class, or the plain kernels with another thread count. OTHER_THREADS stands for "a thread count other
+# than the recorded one" (1 if the references were recorded with 2 or more threads, else 2). A capability not
+# listed falls back to "*". The slow configuration (plain kernels, SSE4.2 MKL, one thread) is `make portable`.
+OTHER_THREADS = "other"
+TEST_CONFIGURATIONS = {
+    "AVX512": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+    "AVX2": {"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": OTHER_THREADS},
+    "*": {"OMP_NUM_THREADS": OTHER_THREADS},
+}
+
+
+def native_capability() -> str:
+    """This machine's torch kernels with none of CPU_VARIABLES set (asked in a fresh process)."""
+    env = {k: v for k, v in os.environ.items() if k not in CPU_VARIABLES}
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                          env=env, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_env() -> None:
+    """Print the variables `make test` executes the chapters under (see TEST_CONFIGURATIONS)."""
+    recorded = json.loads(RECORDED_WITH.read_text()) if RECORDED_WITH.exists() else None
+    what = f"references recorded with {describe(recorded)}" if recorded else f"{RECORDED_WITH.name} is missing"
+    user = {k: os.environ[k] for k in CPU_VARIABLES if k in os.environ}
+    chosen: dict[str, str] = {}
+    if user:
+        why = "as your environment sets them: " + " ".join(f"{k}={v}" for k, v in user.items())
+    else:
+        native = native_capability()
+        if recorded is None:
+            why = f"natively ({native})"
+        elif native != recorded.get("cpu_capability"):
+            why = f"natively ({native}, not the recorded kernels)"
+        else:
+            threads = recorded.get("torch_threads") or 1
+            chosen = {k: str((1 if threads >= 2 else 2) if v == OTHER_THREADS else v)
+                      for k, v in TEST_CONFIGURATIONS.get(native, TEST_CONFIGURATIONS["*"]).items()}
+            why = "with " + " ".join(f"{k}={v}" for k, v in chosen.items()) + f" (native {native})"
+    print(f"{what}; checked cells run here {why}", file=sys.stderr)
+    print(" ".join(f"{k}={v}" for k, v in chosen.items()))
+
+
+def report() -> None:
+    """Print what the last execution of the chapters left in STATUS; exit 1 if a cell failed."""
+    if not STATUS.exists():
+        sys.exit(f"{STATUS.relative_to(ROOT)} does not exist: the chapters' execution did not finish")
+    status = json.loads(STATUS.read_text())
+    mismatches = [(name, cell) for name, ch in status["chapters"].items() for cell in ch["mismatches"]]
+    errors = [(name, cell) for name, ch in status["chapters"].items() for cell in ch["errors"]]
+    if mismatches:
+        print(f"{len(mismatches)} checked output(s) differ from tests/reference/ (`make test` fails on them; "
+              "the book shows this run's outputs):")
+        for name, cell in mismatches:
+            print(f"  {name}, cell {cell['cell']}: {cell['first_line']}")
+        print("If the change is intended, re-record with `make references` and review the diff of tests/reference/.")
+    if errors:
+        print(f"{len(errors)} cell(s) failed (an assert, an exception or a timeout); the book is not built:")
+        for name, cell in errors:
+            print(f"  {name}, cell {cell['cell']}: {cell['first_line']}\n      {cell['message']}")
+    if status.get("exitstatus", 0) not in (0, 1) or (status.get("exitstatus") == 1 and not (mismatches or errors)):
+        errors.append(None)
+        print(f"pytest ended with exit status {status.get('exitstatus')} (see its output above)")
+    sys.exit(1 if errors else 0)
 
 
 def stage() -> None:
@@ -330,7 +449,8 @@ def check_sync() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["prepare", "record", "stage", "sync", "check-sync"])
+    parser.add_argument("command", choices=["prepare", "record", "stage", "sync", "check-sync", "test-env",
+                                                          "report"])
     parser.add_argument("--profile", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--scale", default="full", choices=["full", "smoke"],
                         help="smoke: the profile's code path at tiny sizes, into _build/smoke, nothing compared")
@@ -346,7 +466,8 @@ def main() -> None:
     if args.command == "prepare":
         prepare(args.profile, args.record, args.scale)
     else:
-        {"record": record, "stage": stage, "sync": sync, "check-sync": check_sync}[args.command]()
+        {"record": record, "stage": stage, "sync": sync, "check-sync": check_sync, "test-env": test_env,
+         "report": report}[args.command]()
 
 
 if __name__ == "__main__":

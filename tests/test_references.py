@@ -14,8 +14,9 @@ every chapter book/<chapter>.md (cells keyed by ``scripts/notebooks.py``'s ``_ce
     is allowed only if
       (i) it is a threshold: directly preceded on its line (spaces allowed) by a comparison, one of
           ``<  >  <=  >=  ≤  ≥  below  above  under  at least  at most  within``, as in "error below 1e-12", or
-      (ii) its value equals (relative 1e-9, sign ignored) a numeric literal in the cell's source: a constant
-          the code states, such as a temperature 0.15, or 1e-8 printed as 1e-08;
+      (ii) its value equals (relative 1e-9, sign ignored) a numeric literal in the cell's source or in the
+          chapter's ``parameters`` cell: a constant the code states, such as a temperature 0.15, or 1e-8
+          printed as 1e-08;
     a measured number belongs in a cell that is not checked, and is checked in code with a tolerance;
 (d) no absolute machine path in a checked output (/home/, /root/, /work/, /tmp/, the repository's root, the
     data directory $DUALVIEW_DATA): print paths relative to the data directory.
@@ -119,6 +120,12 @@ def checked_chapters() -> list[Path]:
     return [ROOT / "book" / f"{name}.md" for name in sorted(names)]
 
 
+def parameters_source(chapter: Path) -> str:
+    """The source of the chapter's ``parameters`` cell (its constants may appear in checked outputs)."""
+    return "\n".join(c.source for c in jupytext.read(chapter).cells
+                     if c.cell_type == "code" and "parameters" in c.metadata.get("tags", []))
+
+
 def _checked(chapter: Path) -> tuple[dict, dict]:
     """The chapter's checked cells' sources and its references, both by cell key."""
     cells = {notebooks._cell_key(c.source): c.source for c in notebooks._checked_cells(jupytext.read(chapter))}
@@ -145,7 +152,7 @@ def test_references_match_checked_cells(chapter):
 def chapter_offences(chapter: Path) -> list[str]:
     """Every breach of rules (b), (c) and (d) in the chapter's references, one line each."""
     cells, refs = _checked(chapter)
-    paths, offences = machine_paths(), []
+    paths, offences, parameters = machine_paths(), [], parameters_source(chapter)
     for key, outputs in refs.items():
         source = cells.get(key, "")
         where = f"book/{chapter.name}, cell '{_first_line(source) if source else key}'"
@@ -155,7 +162,7 @@ def chapter_offences(chapter: Path) -> list[str]:
                 offences.append(f"{where}: glued value(s) {glued} in a checked output (a glued number is measured)")
             for text in output_texts(output):
                 by_line: dict[str, list[str]] = {}
-                for number, line in offending_numbers(text, source):
+                for number, line in offending_numbers(text, source + "\n" + parameters):
                     by_line.setdefault(line, []).append(number)
                 offences += [f"{where}: {', '.join(numbers)} in {line!r}" for line, numbers in by_line.items()]
                 for path in paths:

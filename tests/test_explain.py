@@ -49,6 +49,31 @@ def test_gradient_family_matches_captum(batch):
     assert torch.allclose(ig.flatten(1).sum(1), gap, rtol=2e-3, atol=2e-4)
 
 
+def test_times_input_methods_multiply_by_input_minus_baseline():
+    # an independent computation: autograd's gradient of the target logit, times (x - baseline) by hand
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(4 * 36, 5)).double().eval()
+    x, y = torch.rand(4, 3, 6, 6, dtype=torch.float64, requires_grad=True), torch.tensor([0, 1, 2, 4])
+    grad, = torch.autograd.grad(model(x)[range(4), y].sum(), x)
+    x = x.detach()
+    for base in (0.3, [0.5, 0.0, 1.0]):
+        b = torch.as_tensor(base, dtype=x.dtype).view(1, -1, 1, 1)
+        gxi = explain.attribute(model, x, y, method="gradient_x_input", baseline=base)
+        assert torch.allclose(gxi, grad * (x - b))
+        assert not torch.allclose(gxi, grad * x)                   # the baseline does change the map
+        pxi = explain.attribute(model, x, y, method="pullback_x_input", temperature=0.5, baseline=base)
+        assert torch.allclose(pxi, pullbacks.excitation_pullback(model, x, y, temperature=0.5) * (x - b))
+    assert torch.equal(explain.attribute(model, x, y, method="gradient_x_input", baseline=0.0),
+                       explain.attribute(model, x, y, method="gradient_x_input"))
+    # on an affine model the map sums to f(x) - f(baseline), as integrated gradients' completeness says
+    lin = nn.Sequential(nn.Flatten(), nn.Linear(108, 5)).double().eval()
+    gxi = explain.attribute(lin, x, y, method="gradient_x_input", baseline=0.4)
+    with torch.no_grad():
+        gap = lin(x)[range(4), y] - lin(torch.full_like(x, 0.4))[range(4), y]
+    assert torch.allclose(gxi.flatten(1).sum(1), gap)
+
+
 def test_smoothgrad_without_noise_is_the_gradient_and_with_noise_averages(batch):
     model, (x, y) = small_cnn(), batch
     g = explain.attribute(model, x, y)

@@ -5,7 +5,7 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 ``x``, so that methods are interchangeable in figures and in metrics (Chapter 9):
 
 * ``"gradient"``: the input gradient of the target logit (the hard-gated pullback, Chapter 6);
-* ``"gradient_x_input"``: gradient times input;
+* ``"gradient_x_input"``: gradient times input minus ``baseline`` (default 0: gradient times input);
 * ``"integrated_gradients"``: Captum's Integrated Gradients :cite:`sundararajan2017axiomatic` (``baseline``,
   ``n_steps``);
 * ``"smoothgrad"``: Captum's NoiseTunnel over the plain (signed) gradient :cite:`smilkov2017smoothgrad`
@@ -16,7 +16,7 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
   layer) or ``"epsilon_plus_flat"`` (flat rule in the first layer: a blob that ignores the image);
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
   ``pool_temperature``; :func:`dualview.pullbacks.excitation_pullback`);
-* ``"pullback_x_input"``: pullback times input;
+* ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
 * ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`),
   *class-agnostic*: the ``target`` is checked and ignored;
 * ``"intensity"``: ``|x - baseline|``, a trivial baseline that knows nothing of the network;
@@ -46,9 +46,10 @@ CLASS_AGNOSTIC: frozenset[str] = frozenset({"insens", "intensity", "edges"})
 """Methods whose map does not depend on the target class."""
 
 _OPTIONS: dict[str, set[str]] = {
-    "gradient": set(), "gradient_x_input": set(), "integrated_gradients": {"baseline", "n_steps"},
+    "gradient": set(), "gradient_x_input": {"baseline"}, "integrated_gradients": {"baseline", "n_steps"},
     "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "epsilon", "gamma"},
-    "pullback": {"temperature", "pool_temperature"}, "pullback_x_input": {"temperature", "pool_temperature"},
+    "pullback": {"temperature", "pool_temperature"},
+    "pullback_x_input": {"temperature", "pool_temperature", "baseline"},
     "insens": {"chunk_size"}, "intensity": {"baseline"}, "edges": set(),
 }
 
@@ -122,7 +123,8 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     ``model`` returns logits ``(N, classes)`` and is in eval mode; ``x`` is a floating-point batch
     ``(N, ...)`` (images ``(N, C, H, W)`` for ``"lrp"`` and ``"edges"``); ``target``: one class for all
     samples or one per sample. ``options`` are the method's settings (see the module docstring; the
-    defaults: ``n_steps=32``, ``baseline=0``, ``n_samples=16``, ``noise=0.15``, ``temperature=0.3``,
+    defaults: ``n_steps=32``, ``baseline=0`` (integrated gradients, the ``*_x_input`` methods and
+    intensity: a number or one value per channel), ``n_samples=16``, ``noise=0.15``, ``temperature=0.3``,
     ``composite="epsilon_gamma_box"`` with ``low=0, high=1`` the bounds of ``x``). Unknown methods and
     options, targets outside ``[0, classes)`` and models a method does not cover raise errors.
     """
@@ -143,11 +145,11 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     t = target_classes(target, logits)
     if method in ("gradient", "gradient_x_input"):
         g = pullbacks.input_gradient(model, x, t)
-        return g * x if method == "gradient_x_input" else g
+        return g * (x - _baseline(x, options.get("baseline", 0.0))) if method == "gradient_x_input" else g
     if method in ("pullback", "pullback_x_input"):
         v = pullbacks.excitation_pullback(model, x, t, temperature=options.get("temperature", pullbacks.DEFAULT_TEMPERATURE),
                                           pool_temperature=options.get("pool_temperature"))
-        return v * x if method == "pullback_x_input" else v
+        return v * (x - _baseline(x, options.get("baseline", 0.0))) if method == "pullback_x_input" else v
     if method == "integrated_gradients":
         from captum.attr import IntegratedGradients
 

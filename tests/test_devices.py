@@ -370,7 +370,7 @@ def run_stats():
     from dualview import stats
 
     scores = (torch.rand(3, 50, generator=torch.Generator().manual_seed(0)) > 0.3).double()
-    return lambda: (stats.bootstrap_interval(scores, n_resamples=200).estimate,
+    return lambda: (stats.interval(scores).estimate,
                     stats.relative_error(scores, scores + 1))
 
 

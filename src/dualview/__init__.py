@@ -28,7 +28,9 @@ One module per concept, in the order of the book:
 * :mod:`dualview.train`: a small seeded training loop (classification or regression, penalties, parameter groups);
 * :mod:`dualview.stats`: seeds, confidence intervals and paired comparisons;
 * :mod:`dualview.plot`: figures;
-* :mod:`dualview.sweep`: sweeps over seeds and permutations as submitit jobs, rows aggregated into tables.
+* :mod:`dualview.sweep`: sweeps over seeds and permutations as submitit jobs, rows aggregated into tables;
+* :mod:`dualview.glue`: values handed to a chapter's prose, with or without the book's build (myst-nb);
+* :mod:`dualview.exercises`: self-checks of the exercises' answers for the student notebooks.
 
 Plus :func:`seed_everything`, :func:`default_device`, :func:`setup` (the first code cell of every chapter)
 and :func:`smoke_scale` here.
@@ -120,12 +122,9 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
         torch.set_num_threads(1)
     dev = torch.device(device) if device is not None else default_device()
     seed_everything(seed)
-    try:
-        from myst_nb import glue
-    except ImportError:  # outside the book's build the glued name is not needed
-        pass
-    else:
-        glue("profile", profile if scale == "full" else f"{profile}, {scale} scale", display=False)
+    from dualview.glue import glue
+
+    glue("profile", profile if scale == "full" else f"{profile}, {scale} scale", display=False)
     where = f"profile {profile!r}" + (f" at {scale} scale" if scale != "full" else "") + f" on {dev}"
     print(f"{where}: {chosen}" if chosen else where)
     return Setup(chosen, dev)

@@ -10,6 +10,12 @@ CH ?= 01_paths
 export PYTHONHASHSEED ?= 0
 # pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cacheprovider
+# chapters and test files run WORKERS at a time (pytest-xdist; a chapter runs whole in one worker), each with
+# WORKER_THREADS torch threads unless OMP_NUM_THREADS is set: one worker per core (WORKERS=1: one at a time)
+WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
+WORKER_THREADS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 1) / $(WORKERS) > 0 ? $$(nproc 2>/dev/null || echo 1) / $(WORKERS) : 1 )))
+XDIST := $(if $(filter 0 1,$(WORKERS)),,-n $(WORKERS) --dist loadfile)
+THREADS := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(WORKER_THREADS)}
 # make html writes $(BOOK_OUT)/_build/html; make test puts the course build (HIDE_SOLUTIONS=1) into _build/course
 BOOK_OUT ?= .
 COURSE_HTML := _build/course/_build/html
@@ -33,7 +39,7 @@ book: notebooks html
 ## lists the checked outputs that differ (exit 0: make book goes on) and the cells that failed (exit 1)
 notebooks: env
 	$(BIN)/python scripts/notebooks.py prepare --profile $(PROFILE)
-	$(BIN)/python -m pytest $(NBVAL) _build/nbtest; $(BIN)/python scripts/notebooks.py report
+	env $(THREADS) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/nbtest; $(BIN)/python scripts/notebooks.py report
 
 ## build the HTML from the executed chapters, warnings as errors (HIDE_SOLUTIONS=1: a course build)
 html: env
@@ -51,7 +57,8 @@ test: env
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu
 	$(BIN)/python scripts/notebooks.py prepare --profile gpu --scale smoke
 	cpu_env=$$($(BIN)/python scripts/notebooks.py test-env) && \
-	env $$cpu_env $(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) _build/nbtest _build/smoke \
+	env $(THREADS) $$cpu_env $(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) $(XDIST) \
+		_build/nbtest _build/smoke \
 		|| { $(BIN)/python scripts/notebooks.py report; exit 1; }
 	$(MAKE) html
 	$(MAKE) html HIDE_SOLUTIONS=1 BOOK_OUT=_build/course
@@ -67,15 +74,15 @@ PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_N
 ## (for references recorded natively with REFERENCE_ENV= , or to see what a reader's plain CPU computes)
 portable: env
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu
-	env $(PORTABLE_ENV) $(BIN)/python -m pytest $(NBVAL) _build/nbtest
+	env $(PORTABLE_ENV) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/nbtest
 
 unit: env
-	$(BIN)/python -m pytest tests --ignore=tests/rendered
+	env $(THREADS) $(BIN)/python -m pytest tests --ignore=tests/rendered $(XDIST)
 
 ## the gpu profile's code path in seconds: every chapter with PROFILE="gpu", SCALE="smoke" (nothing compared or kept)
 smoke: env
 	$(BIN)/python scripts/notebooks.py prepare --profile gpu --scale smoke
-	$(BIN)/python -m pytest $(NBVAL) _build/smoke
+	env $(THREADS) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/smoke
 
 ## mutation check: apply one-line mistakes to a copy of the library and report which the unit tests miss
 mutants: env
@@ -87,7 +94,7 @@ mutants: env
 REFERENCE_ENV ?= $(PORTABLE_ENV)
 references: env
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu --record
-	env $(REFERENCE_ENV) $(BIN)/python -m pytest $(NBVAL) _build/nbtest
+	env $(REFERENCE_ENV) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/nbtest
 	env $(REFERENCE_ENV) $(BIN)/python scripts/notebooks.py record
 
 ## write the Colab copies book/*.ipynb and the student notebooks book/student/*.ipynb from the MyST sources book/*.md

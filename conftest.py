@@ -12,6 +12,11 @@ They also sort nbval's failures into two kinds and write them to ``_build/execut
 differs from its reference (nbval's "Cell outputs differ": the book can still be built from this
 run's outputs; ``make test`` fails) and a cell that failed (an assert, an exception, a timeout, a
 dead kernel: nothing is built).
+
+With pytest-xdist (``make`` runs ``-n <cores> --dist loadfile``: each chapter runs whole in one worker),
+every worker writes its chapters and a part of the status (``status-<worker>.json``); the controller
+merges the parts into ``status.json`` and prints the times. The chapters are collected longest first
+(the order of ``LONGEST_FIRST``), so the longest one does not start last.
 """
 from __future__ import annotations
 
@@ -29,6 +34,9 @@ os.environ.pop("MPLBACKEND", None)
 ROOT = Path(__file__).resolve().parent
 NBTEST, SMOKE = ROOT / "_build" / "nbtest", ROOT / "_build" / "smoke"
 STATUS = ROOT / "_build" / "executed" / "status.json"
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in an xdist worker process, None otherwise
+# chapters in decreasing execution time (cpu profile, measured): scheduled first, so two workers finish together
+LONGEST_FIRST = ("09_", "02_", "05_", "08_", "07_", "04_", "03_", "06_", "01_")
 CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
 OUTPUTS_DIFFER = "Cell outputs differ"  # nbval's NbCellError message for a checked output that differs
 _executed: dict[Path, dict] = {}
@@ -47,6 +55,35 @@ def _entry(item) -> dict:
 def _first_line(item) -> str:
     lines = [line for line in str(item.cell.source).strip().splitlines() if line.strip()]
     return lines[0] if lines else "(empty cell)"
+
+
+def _part(worker: str) -> Path:
+    return STATUS.with_name(f"status-{worker}.json")
+
+
+def _is_controller(config) -> bool:
+    return WORKER is None and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_sessionstart(session):
+    if _is_controller(session.config):  # parts left by an earlier run are not this run's
+        for part in STATUS.parent.glob("status-*.json"):
+            part.unlink()
+        STATUS.unlink(missing_ok=True)
+
+
+def _rank(item) -> tuple:
+    if not _is_nbval_cell(item):
+        return (2,)
+    path = Path(str(item.parent.fspath)).resolve()
+    stem = path.name
+    order = next((k for k, prefix in enumerate(LONGEST_FIRST) if stem.startswith(prefix)), len(LONGEST_FIRST))
+    return (0 if path.is_relative_to(NBTEST) else 1, order)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    if any(_is_nbval_cell(item) for item in items):
+        items.sort(key=_rank)  # stable: the cells of a chapter keep their order
 
 
 def pytest_collection_finish(session):
@@ -112,13 +149,16 @@ def _recorded() -> str:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if _is_controller(session.config):
+        _merge_parts(session, exitstatus)
+        return
     if not _executed:
         return
     import nbformat
 
     config = cpu_configuration()
     runs: dict[str, list[str]] = {}
-    status = {"exitstatus": int(exitstatus), "configuration": config, "chapters": {}}
+    status = {"exitstatus": int(exitstatus), "configuration": config, "chapters": {}, "runs": runs}
     for path, entry in _executed.items():
         nb = entry["nb"]
         code_cells = [c for c in nb.cells if c.cell_type == "code"]
@@ -142,11 +182,36 @@ def pytest_sessionfinish(session, exitstatus):
                  f"{len(entry['mismatches'])} checked output(s) differ" if entry["mismatches"] else "ok")
         runs.setdefault(run, []).append(f"  {rel.as_posix():40s} {entry['seconds']:7.1f} s  {state}")
     STATUS.parent.mkdir(parents=True, exist_ok=True)
+    if WORKER is not None:  # the controller merges the workers' parts
+        _part(WORKER).write_text(json.dumps(status, indent=1) + "\n")
+        return
     STATUS.write_text(json.dumps(status, indent=1) + "\n")
+    _print_times(session, status)
+
+
+def _print_times(session, status: dict) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        for run, lines in runs.items():
-            reporter.write_sep("=", f"chapter execution times ({run})")
-            reporter.write_line(f"  run with {_describe(config)} ({_recorded()})")
-            for line in lines:
-                reporter.write_line(line)
+    if reporter is None:
+        return
+    workers = status.get("workers", 1)
+    for run, lines in status["runs"].items():
+        reporter.write_sep("=", f"chapter execution times ({run})")
+        where = f", {workers} chapters at a time" if workers > 1 else ""
+        reporter.write_line(f"  run with {_describe(status['configuration'])}{where} ({_recorded()})")
+        for line in sorted(lines):
+            reporter.write_line(line)
+
+
+def _merge_parts(session, exitstatus) -> None:
+    parts = [json.loads(p.read_text()) for p in sorted(STATUS.parent.glob("status-*.json"))]
+    if not parts:
+        return
+    runs: dict[str, list[str]] = {}
+    status = {"exitstatus": int(exitstatus), "configuration": parts[0]["configuration"], "chapters": {},
+              "runs": runs, "workers": len(parts)}
+    for part in parts:
+        status["chapters"].update(part["chapters"])
+        for run, lines in part["runs"].items():
+            runs.setdefault(run, []).extend(lines)
+    STATUS.write_text(json.dumps(status, indent=1) + "\n")
+    _print_times(session, status)

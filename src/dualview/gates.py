@@ -16,19 +16,28 @@ surrogate backward of excitation pullbacks is :class:`dualview.surrogates.Surrog
 
 Supported layers (:data:`SUPPORTED_LAYERS`): ``nn.Linear``, ``nn.Conv1d``/``2d`` (any padding mode),
 ``nn.ReLU``, ``nn.MaxPool1d``/``2d``, ``nn.AvgPool1d``/``2d``, ``nn.AdaptiveAvgPool1d``/``2d``,
-``nn.BatchNorm1d``/``2d`` and ``nn.Dropout`` (eval mode), ``nn.Flatten``, ``nn.Identity``, and containers
-of these (``nn.Sequential``, residual blocks whose ``forward`` adds tensors). Linear layers of your own
-join with :func:`register_linear_layer`, or by declaring a class attribute ``linear_layer = True`` (as
-the affine layers of :mod:`dualview.nets` do). Anything else raises :class:`UnsupportedLayerError`
-naming the layer: an unknown module, another activation (``nn.GELU``, ...), BatchNorm or Dropout in
-training mode, and a *functional* non-linearity called inside a ``forward`` (``F.relu``,
-``x.relu()``, ``F.max_pool2d``, ``x.clamp(...)``, ...; the list is :data:`GUARDED_FUNCTIONS`), which
-a module hook cannot see; a rule may accept functional ReLUs, as the surrogate backward does. A
-non-linearity computed some other way (say ``x * (x > 0)``) cannot be detected.
+``nn.BatchNorm1d``/``2d`` (eval mode, with running statistics), ``nn.Dropout``/``1d``/``2d`` (eval mode),
+``nn.Flatten``, ``nn.Unflatten``, ``nn.Identity``, zero/constant padding, ``nn.Upsample``, and containers of
+these (``nn.Sequential``, residual blocks whose ``forward`` adds tensors). A subclass that overrides its
+base's ``forward`` is not taken for its base (a gate is recognised by what it computes). Affine layers of
+your own join with :func:`register_linear_layer` (checked for affinity, undoable), or by declaring a
+class attribute ``linear_layer = True`` (as the affine layers of :mod:`dualview.nets` do). Anything else
+raises :class:`UnsupportedLayerError` naming the layer.
+
+What a container's ``forward`` does between its layers is checked too, by a whitelist: during the
+model's forward, :func:`instrument` tracks the tensors that depend on the input and lets through only
+operations known to be linear in them (sums, reshapes, concatenation, indexing with constant indices,
+zero padding, average pooling, interpolation, products with at most one input-dependent factor, ...).
+Anything else (``torch.softmax``, ``F.layer_norm``, ``x.amax``, ``clamp``, ``torch.where`` on an
+input-dependent mask, a product of two activations, ``F.relu`` unless a rule accepts it, ...) raises
+:class:`UnsupportedLayerError` naming the operation, the module and the line of code. An in-place ReLU's
+input read again after the ReLU is given the ReLU's output, as in the real network.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
+import traceback
 import weakref
 from collections import Counter
 from dataclasses import dataclass, field
@@ -42,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
-    "GATE_LAYERS", "POOL_GATE_LAYERS", "GUARDED_FUNCTIONS", "GateRecord",
+    "GATE_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "unregister_linear_layer",
     "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates", "active_share",
 ]
 
@@ -57,22 +66,71 @@ GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.ReLU,)
 POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
 _LINEAR_LAYERS: list[type[nn.Module]] = [
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
-    nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.Flatten, nn.Identity,
+    nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Flatten, nn.Unflatten,
+    nn.Identity, nn.ZeroPad1d, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d, nn.Upsample,
 ]
-_EVAL_ONLY: tuple[type[nn.Module], ...] = (nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout)
+_EVAL_ONLY: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
 
-def register_linear_layer(*classes: type[nn.Module]) -> None:
-    """Declare module classes as (affine) linear layers, so models containing them are supported.
+class register_linear_layer(contextlib.ContextDecorator):  # noqa: N801 - used like a function
+    """Declare module classes as affine layers (``f(x) = A x + b``, the same ``A`` and ``b`` for every
+    input: no input-dependent switching, no normalisation by statistics of the input), so models
+    containing them are supported.
 
-    Use it for a layer of your own that computes an affine function of its input with no
-    input-dependent switching (a normalisation, a fixed resize, a zero-padding shortcut, ...).
+    Registration is checked: on random inputs a registered module must satisfy
+    ``f(a x + (1 - a) y) = a f(x) + (1 - a) f(y)`` (an affine map), else ``UnsupportedLayerError``
+    (a normalisation such as ``nn.LayerNorm`` fails it). Pass ``example`` (a module instance and an
+    input batch, ``(module, x)``) to check on your shapes; without it a class is checked when a model
+    holding it is first instrumented. Undo with :func:`unregister_linear_layer`, or use it as a
+    context manager: ``with register_linear_layer(MyLayer): ...`` registers for the block only.
     """
+
+    def __init__(self, *classes: type[nn.Module], example: tuple[nn.Module, Tensor] | None = None) -> None:
+        for cls in classes:
+            if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+                raise TypeError(f"register_linear_layer expects nn.Module classes, got {cls!r}")
+        if example is not None:
+            _check_affine(*example)
+        self.added = [cls for cls in dict.fromkeys(classes) if cls not in _LINEAR_LAYERS]
+        _LINEAR_LAYERS.extend(self.added)
+        _UNVERIFIED.update(c for c in self.added if example is None or not isinstance(example[0], c))
+
+    def __enter__(self) -> "register_linear_layer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        unregister_linear_layer(*self.added)
+
+
+def unregister_linear_layer(*classes: type[nn.Module]) -> None:
+    """Undo :func:`register_linear_layer` for ``classes`` (the built-in layers cannot be removed)."""
     for cls in classes:
-        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
-            raise TypeError(f"register_linear_layer expects nn.Module classes, got {cls!r}")
-        if cls not in _LINEAR_LAYERS:
-            _LINEAR_LAYERS.append(cls)
+        if cls in _BUILTIN_LINEAR:
+            raise ValueError(f"{cls.__name__} is a built-in linear layer of dualview; it cannot be unregistered")
+        if cls in _LINEAR_LAYERS:
+            _LINEAR_LAYERS.remove(cls)
+        _UNVERIFIED.discard(cls)
+
+
+_BUILTIN_LINEAR = frozenset(_LINEAR_LAYERS)
+_UNVERIFIED: set[type[nn.Module]] = set()  # registered classes not yet checked on an instance
+
+
+def _check_affine(module: nn.Module, x: Tensor, label: str | None = None) -> None:
+    """Raise unless ``module`` is affine on random inputs shaped like ``x`` (checked in float64 on a copy)."""
+    m = copy.deepcopy(module).double().eval()
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(x.shape, generator=gen, dtype=torch.float64) for _ in range(2))
+    with torch.no_grad():
+        lhs, rhs = m(0.3 * a + 0.7 * b), 0.3 * m(a) + 0.7 * m(b)
+    if not torch.allclose(lhs, rhs, rtol=1e-9, atol=1e-9 * float(rhs.abs().max().clamp_min(1))):
+        name = label or type(module).__name__
+        raise UnsupportedLayerError(
+            f"'{name}' ({type(module).__name__}) was registered as a linear layer but is not affine: "
+            f"f(0.3 a + 0.7 b) differs from 0.3 f(a) + 0.7 f(b) by "
+            f"{float((lhs - rhs).abs().max()):.3g} on random inputs. Normalisations by statistics of the input "
+            "(LayerNorm, GroupNorm, BatchNorm without running statistics) and activations are not linear; "
+            "unregister it with dualview.gates.unregister_linear_layer.")
 
 
 def SUPPORTED_LAYERS() -> tuple[type[nn.Module], ...]:  # noqa: N802 - reads like a constant
@@ -100,7 +158,8 @@ def check_supported(model: nn.Module) -> None:
         if not children:
             if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
                 continue  # an empty container computes nothing
-            if not (isinstance(module, supported) or getattr(type(module), "linear_layer", False)):
+            declared = getattr(type(module), "linear_layer", False)
+            if not (isinstance(module, supported) or declared):
                 raise UnsupportedLayerError(
                     f"layer '{label}' ({type(module).__name__}) is not supported: dualview reads "
                     "gates only from nn.ReLU and nn.MaxPool modules, between linear layers. "
@@ -108,33 +167,123 @@ def check_supported(model: nn.Module) -> None:
                     "declare it with dualview.gates.register_linear_layer; if it is another "
                     "activation (GELU, Tanh, ...), the dual view of ReLU networks does not apply."
                 )
-            if isinstance(module, _EVAL_ONLY) and module.training:
+            base = type(module) if type(module) in supported else \
+                next((c for c in supported if isinstance(module, c)), None)
+            if base is not None and not declared and type(module).forward is not base.forward:
                 raise UnsupportedLayerError(
-                    f"layer '{label}' ({type(module).__name__}) is in training mode, where it is "
-                    "not a fixed linear map: call model.eval() first."
-                )
+                    f"layer '{label}' ({type(module).__name__}) subclasses {base.__name__} but overrides its "
+                    f"forward, so it need not compute what a {base.__name__} computes (a gate is recognised by "
+                    "what it computes, not by its class): use the plain layer, or make it a module whose "
+                    "forward calls supported layers.")
         elif any(p is not None for p in module._parameters.values()):
             raise UnsupportedLayerError(
                 f"module '{label}' ({type(module).__name__}) has parameters of its own besides its "
                 "child layers, so dualview cannot see how they are used: move them into "
                 "supported child layers (nn.Linear, nn.Conv2d, ...)."
             )
+    check_eval(model)
 
 
-#: Functional non-linearities that :func:`instrument` refuses when a model's ``forward`` calls them
-#: directly (a hook cannot see them). Calls made by the supported module that owns them (``nn.ReLU``
-#: calls ``F.relu``, ``nn.MaxPool2d`` calls ``F.max_pool2d``) are allowed.
-GUARDED_FUNCTIONS: frozenset[Callable] = frozenset({
-    F.relu, F.relu_, torch.relu, torch.relu_, Tensor.relu, Tensor.relu_,
-    F.relu6, F.gelu, F.silu, F.elu, F.selu, F.leaky_relu, F.softplus, F.hardtanh, F.mish,
-    torch.tanh, Tensor.tanh, torch.sigmoid, Tensor.sigmoid, F.sigmoid, F.tanh,
-    torch.clamp, torch.clamp_min, torch.clip, Tensor.clamp, Tensor.clamp_min, Tensor.clip,
-    torch.maximum, torch.minimum,
-    F.max_pool1d, F.max_pool2d, F.max_pool3d, torch.max_pool1d, torch.max_pool2d,
-    F.max_pool1d_with_indices, F.max_pool2d_with_indices, F.adaptive_max_pool2d,
-})
-_RELU_FUNCTIONS = frozenset({F.relu, torch.relu, Tensor.relu})
-_INPLACE_RELU_FUNCTIONS = frozenset({F.relu_, torch.relu_, Tensor.relu_})
+def check_eval(model: nn.Module) -> None:
+    """Raise :class:`UnsupportedLayerError` unless every layer whose computation depends on the mode is in
+    eval mode (BatchNorm, Dropout) and every BatchNorm has running statistics. Reads only flags and
+    buffers: call it before any forward, so that a refused call leaves the model untouched."""
+    for name, module in model.named_modules():
+        label = name or "<model>"
+        if isinstance(module, _EVAL_ONLY) and module.training:
+            raise UnsupportedLayerError(
+                f"layer '{label}' ({type(module).__name__}) is in training mode, where it is not a fixed "
+                "linear map (and a forward would change its buffers): call model.eval() first.")
+        if isinstance(module, nn.modules.batchnorm._BatchNorm) and \
+                (not module.track_running_stats or module.running_mean is None):
+            raise UnsupportedLayerError(
+                f"layer '{label}' ({type(module).__name__}) has no running statistics "
+                "(track_running_stats=False), so it normalises with the statistics of each batch, also in "
+                "eval mode: not a fixed linear map. Give it running statistics (train with "
+                "track_running_stats=True) or fold it into the preceding layer.")
+
+
+# What the guard of :func:`instrument` lets a ``forward`` apply to a tensor that depends on the input,
+# by the function's name (``torch.add``, ``Tensor.add``, ``Tensor.add_`` and ``Tensor.__add__`` alike).
+# Calls inside a supported layer (``nn.Conv2d`` calling ``F.conv2d``, ``nn.ReLU`` calling ``F.relu``) are
+# not checked; calls on tensors that do not depend on the input (constants, parameters) are free.
+_LINEAR_OPS = frozenset("""
+    add sub neg positive sum mean cat concat concatenate stack hstack vstack view view_as reshape reshape_as
+    flatten unflatten permute transpose swapaxes swapdims t T mT contiguous clone squeeze unsqueeze expand
+    expand_as repeat tile flip fliplr flipud roll narrow chunk split tensor_split unbind movedim moveaxis
+    select getitem setitem iter index_select gather take take_along_dim pad avg_pool1d avg_pool2d avg_pool3d
+    adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d interpolate upsample upsample_nearest
+    upsample_bilinear pixel_shuffle pixel_unshuffle channel_shuffle fold unfold diagonal tril triu cumsum
+    diff broadcast_to sum_to_size as_strided masked_fill where to type type_as float double half bfloat16
+    cpu cuda copy zero fill dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout
+    batch_norm index_add scatter scatter_add index_copy index_fill masked_scatter masked_select
+    iadd radd isub rsub pos
+""".split())
+# bilinear: linear in each argument, so at most one argument may depend on the input
+_PRODUCT_OPS = frozenset("""
+    mul multiply imul rmul matmul rmatmul mm bmm mv dot inner outer einsum linear conv1d conv2d conv3d
+    conv_transpose1d conv_transpose2d conv_transpose3d addmm addmv baddbmm addbmm tensordot kron
+""".split())
+_DIVISION_OPS = frozenset("div divide true_divide truediv itruediv".split())  # only the numerator may depend
+# comparisons, masks and arg-max: allowed, their (input-dependent) results may not be used as masks,
+# indices or factors, nor read into Python
+_SWITCH_OPS = frozenset("""
+    gt lt ge le eq ne greater less greater_equal less_equal not_equal sign signbit isfinite isnan isinf
+    argmax argmin argsort any all logical_not logical_and logical_or
+""".split())
+_META_OPS = frozenset("""
+    shape dtype device ndim size dim numel nelement is_floating_point is_complex requires_grad grad_fn
+    is_leaf layout names stride is_contiguous element_size storage_offset is_cuda is_cpu is_mps is_meta
+    is_sparse is_quantized is_nested len repr format output_nr requires_grad_ retain_grad register_hook
+    new_zeros new_ones new_empty new_full new_tensor zeros_like ones_like empty_like full_like rand_like
+    randn_like randint_like get_device itemsize nbytes
+""".split())
+_READ_OPS = frozenset("read item tolist numpy nonzero data detach".split())
+_RELU_OPS = frozenset({"relu"})
+
+
+def _op_name(func: Callable) -> str:
+    """``add`` for ``torch.add``, ``Tensor.add_`` and ``Tensor.__add__``; ``shape`` for ``Tensor.shape``."""
+    name = getattr(func, "__name__", "") or ""
+    if name in ("__get__", "__set__"):
+        name = getattr(getattr(func, "__self__", None), "__name__", name)
+    if name in ("__bool__", "__float__", "__int__", "__index__", "__complex__", "__array__"):
+        return "read"
+    if name.startswith("__") and name.endswith("__"):
+        name = name[2:-2]
+    elif name.endswith("_") and not name.startswith("_"):
+        name = name[:-1]
+    return name
+
+
+def _op_kind(func: Callable) -> str:
+    name = _op_name(func)
+    for kind, names in (("meta", _META_OPS), ("relu", _RELU_OPS), ("linear", _LINEAR_OPS),
+                        ("product", _PRODUCT_OPS), ("division", _DIVISION_OPS), ("switch", _SWITCH_OPS),
+                        ("read", _READ_OPS)):
+        if name in names:
+            return kind
+    return "refused"
+
+
+_KINDS: dict[Callable, str] = {}
+
+
+def _tensors(args, kwargs) -> Iterator[Tensor]:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            yield from (t for t in a if isinstance(t, Tensor))
+
+
+def _user_frame() -> str:
+    """The innermost stack frame outside torch and dualview.gates: where the model's code made the call."""
+    torch_dir = torch.__file__.rsplit("/", 1)[0]
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        if not frame.filename.startswith(torch_dir) and not frame.filename.endswith("dualview/gates.py"):
+            return f'{frame.filename}:{frame.lineno} ("{(frame.line or "").strip()}")'
+    return "an unknown place"
 
 
 @dataclass
@@ -176,6 +325,11 @@ class Rule:
     def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:
         """Called at each ReLU call with its pre-activation ``q``."""
         return None
+
+    def relu_output(self, site: str, module: nn.Module, q: Tensor, out: Tensor | None) -> Tensor | None:
+        """What :func:`instrument` calls at each ReLU call: :meth:`relu`, unless a rule can reuse the
+        module's output ``out = relu(q)`` (``None`` for an in-place ReLU, whose output overwrote ``q``)."""
+        return self.relu(site, module, q)
 
     def max_pool(self, site: str, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:
         """Called at each max-pool call with its input ``x`` and its output ``out``."""
@@ -255,34 +409,121 @@ class ImposeGates(Rule):
 
 
 class _Guard(TorchFunctionMode):
-    """Active during the root model's forward: refuses functional non-linearities outside the supported
-    modules that own them, except functional ReLUs that a rule accepts."""
+    """Active during the root model's forward: a whitelist of what the model's own code (the ``forward`` of
+    containers and of the root) may apply to tensors that depend on the input. It tracks which tensors
+    depend on the input (the root's arguments, and everything computed from them) and lets through
+    operations that are linear in them (:data:`_LINEAR_OPS`; products and quotients with at most one
+    dependent factor, a dependent numerator), comparisons whose results are then not used as masks,
+    indices or factors, and functional ReLUs that a rule accepts. Anything else raises
+    :class:`UnsupportedLayerError` naming the operation, the module and the line of code. Calls inside
+    supported layers are not checked (the layer is known to compute what its class says)."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         super().__init__()
         self.rules = rules
-        self.stack: list[tuple[str, nn.Module]] = []
+        self.stack: list[tuple[str, nn.Module, bool]] = []  # (label, module, its own calls are trusted)
         self.internal = 0  # > 0 while a rule runs: its own calls are not the model's
+        self.dependent: dict[int, weakref.ref] = {}  # id -> tensor, for tensors that depend on the input
+        # inputs of in-place ReLUs (overwritten in the real network): id -> (the input, the ReLU's output)
+        self.stale: dict[int, tuple[weakref.ref, Tensor]] = {}
+
+    def fresh(self, args, kwargs):
+        """``args, kwargs`` with the input of an in-place ReLU, read again after the ReLU, replaced by the
+        ReLU's output (what the real network's overwritten tensor holds), or ``None`` if none was read."""
+        def swap(a):
+            if isinstance(a, Tensor):
+                entry = self.stale.get(id(a))
+                return entry[1] if entry is not None and entry[0]() is a else a
+            if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+                swapped = [swap(t) for t in a]
+                return type(a)(swapped) if any(x is not y for x, y in zip(swapped, a)) else a
+            return a
+        new_args, new_kwargs = tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+        changed = any(x is not y for x, y in zip(new_args, args)) or \
+            any(new_kwargs[k] is not kwargs[k] for k in kwargs)
+        return (new_args, new_kwargs) if changed else None
+
+    def depends(self, t: Tensor) -> bool:
+        r = self.dependent.get(id(t))
+        return r is not None and r() is t
+
+    def mark(self, out) -> None:
+        if isinstance(out, Tensor):
+            self.dependent[id(out)] = weakref.ref(out)
+        elif isinstance(out, (list, tuple)):
+            for t in out:
+                self.mark(t)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self.internal or func not in GUARDED_FUNCTIONS:
+        if self.internal or (self.stack and self.stack[-1][2]):
             return func(*args, **kwargs)
-        label, owner = self.stack[-1]
-        if isinstance(owner, GATE_LAYERS + POOL_GATE_LAYERS):
+        kind = _KINDS.get(func)
+        if kind is None:
+            kind = _KINDS[func] = _op_kind(func)
+        if kind == "meta":
             return func(*args, **kwargs)
+        dep = [t for t in _tensors(args, kwargs) if self.depends(t)]
+        if not dep:
+            return func(*args, **kwargs)
+        if self.stale:
+            swapped = self.fresh(args, kwargs)
+            if swapped is not None:
+                return self.__torch_function__(func, types, *swapped)
+        problem = self.problem(func, kind, args, kwargs, dep)
+        if problem is None:
+            out = func(*args, **kwargs)
+            self.mark(out)
+            return out
+        label, owner = (self.stack[-1][:2]) if self.stack else ("<model>", None)
         where = f"'{label}' ({type(owner).__name__})"
-        if func in _RELU_FUNCTIONS or func in _INPLACE_RELU_FUNCTIONS:
-            inplace = func in _INPLACE_RELU_FUNCTIONS or bool(kwargs.get("inplace", args[1] if len(args) > 1 else False))
+        if kind == "relu":
+            inplace = getattr(func, "__name__", "").endswith("_") or \
+                bool(kwargs.get("inplace", args[1] if len(args) > 1 else False))
             x = args[0]
             q = x.clone() if inplace else x  # the rule's output may depend on q, which the copy overwrites
             out = _apply(self, lambda rule: rule.functional_relu(where, q), f"functional ReLU in {where}")
             if out is not None:
-                return x.copy_(out) if inplace else out
+                out = x.copy_(out) if inplace else out
+                self.mark(out)
+                return out
         raise UnsupportedLayerError(
-            f"the forward of {where} calls {getattr(func, '__name__', func)} as a function; dualview sees "
-            "gates only through modules. Replace the call by an nn.ReLU / nn.MaxPool2d module attribute "
-            "(one instance per use) so its gates can be recorded; other activations are not ReLU gates.")
+            f"the forward of {where} calls {_op_name(func)} as a function on a tensor that depends on the "
+            f"input, at {_user_frame()}: {problem}. dualview refuses what it does not know to be linear, a "
+            "gate or a supported piecewise-linear layer, because the dual view (gates, switched and gated "
+            "linear models, pullbacks, Insens) would silently be wrong. What to do: use one nn.ReLU / "
+            "nn.MaxPool2d module per use for gates (their gates are recorded); other non-linearities "
+            "(softmax and attention, normalisation by the input's own statistics, GELU/SiLU/tanh, clamps, "
+            "max/amax, products of two activations) are outside the exact dual view of ReLU networks.")
+
+    def problem(self, func, kind: str, args, kwargs, dep: list[Tensor]) -> str | None:
+        """Why ``func`` may not be applied to the dependent tensors ``dep``, or ``None`` when it may."""
+        if any(not t.is_floating_point() for t in dep) and kind != "switch":
+            return ("it uses a mask, an index or an integer computed from the input (an input-dependent "
+                    "selection is a switch dualview cannot see)")
+        if kind == "relu":
+            return "a functional ReLU: dualview sees gates only through nn.ReLU modules"
+        if kind in ("linear", "switch"):
+            name = _op_name(func)
+            if name.startswith("dropout") or name.endswith("dropout"):
+                training = kwargs.get("training", kwargs.get("train", args[2] if len(args) > 2 else True))
+                p = kwargs.get("p", args[1] if len(args) > 1 else 0.5)
+                if training and p:
+                    return "dropout in training mode is random, not a fixed linear map (pass training=False)"
+            if name == "batch_norm":
+                training = kwargs.get("training", args[5] if len(args) > 5 else False)
+                if training or (len(args) > 1 and args[1] is None):
+                    return "batch normalisation with the batch's own statistics is not a fixed linear map"
+            return None
+        if kind == "product":
+            return None if len(dep) <= 1 else "it multiplies two tensors that both depend on the input"
+        if kind == "division":
+            first = args[0] if args else None
+            return None if len(dep) == 1 and first is dep[0] else "it divides by a tensor that depends on the input"
+        if kind == "read":
+            return ("it reads a tensor that depends on the input into Python (or detaches it), so what "
+                    "follows can switch on the input unseen")
+        return "it is not known to be linear in its input"
 
 
 def _apply(guard: _Guard, call: Callable[[Rule], Tensor | None], site: str) -> Tensor | None:
@@ -313,8 +554,8 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     It checks the model (:func:`check_supported`), names each ReLU / max-pool *call* (``name``,
     ``name#1``, ... for a module called more than once in one forward), hands an in-place ReLU's input
     over before it is overwritten, and, during the model's own forward only (not in the rest of the
-    ``with`` body), refuses functional non-linearities (:data:`GUARDED_FUNCTIONS`) unless a rule
-    accepts a functional ReLU. Call the model itself, not a submodule, inside the block. Blocks on
+    ``with`` body), refuses every operation on input-dependent tensors that is not known to be linear
+    (the whitelist of :class:`_Guard`; a functional ReLU only where a rule accepts it). Call the model itself, not a submodule, inside the block. Blocks on
     the same model (or a module of it) do not nest: combine the rules in one block instead.
     :func:`record_gates`, :func:`run_with_gates`, path counting and excitation pullbacks are built on it.
     """
@@ -326,6 +567,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
         raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
                            "do not nest the blocks: pass all rules to one block")
     guard = _Guard(rules)
+    supported = SUPPORTED_LAYERS()
     calls: Counter[str] = Counter()
     captured: dict[int, Tensor] = {}
     depth = [0]
@@ -338,32 +580,61 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     def enter(mod, args):  # the root model's forward starts: names restart, the guard is on
         if depth[0] == 0:
             calls.clear()
+            guard.dependent.clear()
+            guard.stale.clear()
             guard.__enter__()
+            guard.mark(list(_tensors(args, {})))
         depth[0] += 1
 
     def leave(mod, args, out):
         depth[0] -= 1
         if depth[0] == 0:
             guard.__exit__(None, None, None)
+            guard.dependent.clear()
+            guard.stale.clear()
 
-    def push(mod, args, label):
-        guard.stack.append((label, mod))
-        if isinstance(mod, GATE_LAYERS) and getattr(mod, "inplace", False):
-            captured[id(mod)] = args[0].clone()  # an in-place ReLU overwrites its input
+    def push(mod, args, label, trusted):
+        swapped = None
+        if depth[0] and guard.stale:
+            swapped = guard.fresh(args, {})
+            if swapped is not None:
+                args = swapped[0]
+        if type(mod) in _UNVERIFIED and args and isinstance(args[0], Tensor):
+            guard.internal += 1
+            try:
+                _check_affine(mod, args[0], label)
+            finally:
+                guard.internal -= 1
+            _UNVERIFIED.discard(type(mod))
+        guard.stack.append((label, mod, trusted))
+        if isinstance(mod, GATE_LAYERS) and mod.inplace:
+            # an in-place ReLU overwrites its input: it gets a copy, so that its input keeps the
+            # pre-activation for the rules; a later read of that input gets the ReLU's output instead
+            captured[id(mod)] = args[0]
+            copied = args[0].clone()
+            guard.mark(copied)
+            return (copied, *args[1:])
+        return args if swapped is not None else None
 
     def pop(mod, args, out):
         if guard.stack and guard.stack[-1][1] is mod:
             guard.stack.pop()
+        if depth[0] and any(guard.depends(t) for t in _tensors(args, {})):
+            guard.mark(out)
 
     def at_relu(mod, args, out, label):
-        pop(mod, args, out)
         q, s = captured.pop(id(mod), args[0]), site(label)
-        return _apply(guard, lambda rule: rule.relu(s, mod, q), f"ReLU call '{s}'")
+        new = _apply(guard, lambda rule: rule.relu_output(s, mod, q, out), f"ReLU call '{s}'")
+        pop(mod, args, out if new is None else new)
+        if mod.inplace:
+            guard.stale[id(q)] = (weakref.ref(q), out if new is None else new)
+        return new
 
     def at_pool(mod, args, out, label):
-        pop(mod, args, out)
         s = site(label)
-        return _apply(guard, lambda rule: rule.max_pool(s, mod, args[0], out), f"max-pool call '{s}'")
+        new = _apply(guard, lambda rule: rule.max_pool(s, mod, args[0], out), f"max-pool call '{s}'")
+        pop(mod, args, out if new is None else new)
+        return new
 
     handles = [model.register_forward_pre_hook(enter)]
     try:
@@ -371,7 +642,9 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
             label = name or "<model>"
             post = partial(at_relu, label=label) if isinstance(module, GATE_LAYERS) else \
                 partial(at_pool, label=label) if isinstance(module, POOL_GATE_LAYERS) else pop
-            handles += [module.register_forward_pre_hook(partial(push, label=label)),
+            trusted = getattr(type(module), "linear_layer", False) or \
+                (not any(True for _ in module.children()) and isinstance(module, supported))
+            handles += [module.register_forward_pre_hook(partial(push, label=label, trusted=trusted)),
                         module.register_forward_hook(post, always_call=True)]
         handles.append(model.register_forward_hook(leave, always_call=True))
         _INSTRUMENTED.update(model.modules())

@@ -56,10 +56,10 @@ class _SurrogateReLU(torch.autograd.Function):
     """Forward ``relu(z)``; backward multiplies the incoming gradient by ``sigmoid(z / tau)``."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, temperature: float) -> Tensor:  # type: ignore[override]
+    def forward(ctx, z: Tensor, temperature: float, out: list | None = None) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(z)
         ctx.temperature = temperature
-        return F.relu(z)
+        return F.relu(z) if out is None else out[0].detach()  # out: relu(z) computed already (no second pass)
 
     @staticmethod
     @once_differentiable
@@ -67,8 +67,11 @@ class _SurrogateReLU(torch.autograd.Function):
         (z,) = ctx.saved_tensors
         t = ctx.temperature
         if t == 0:
-            return torch.ops.aten.threshold_backward(grad_output, z, 0), None
-        return z.mul(1.0 / t).sigmoid_().mul_(grad_output), None  # in place: no extra allocations
+            return torch.ops.aten.threshold_backward(grad_output, z, 0), None, None
+        # grad * sigmoid(z / t) in one fused pass: the derivative of softplus with beta = 1 / t is
+        # sigmoid(beta z); above the threshold it returns grad, where sigmoid(beta z) rounds to 1 anyway
+        threshold = 11.0 if z.dtype == torch.float16 else 40.0 if z.dtype == torch.float64 else 20.0
+        return torch.ops.aten.softplus_backward(grad_output, z, 1.0 / t, threshold), None, None
 
 
 def surrogate_relu(z: Tensor, temperature: float) -> Tensor:
@@ -230,8 +233,11 @@ class SurrogateBackward(Rule):
         self.relu_calls = self.pool_calls = self.functional_relu_calls = 0
 
     def relu(self, site, module, q):
+        return self.relu_output(site, module, q, None)
+
+    def relu_output(self, site, module, q, out):
         self.relu_calls += 1
-        return _SurrogateReLU.apply(q, self.temperature)
+        return _SurrogateReLU.apply(q, self.temperature, None if out is None else [out])
 
     def max_pool(self, site, module, x, out):
         self.pool_calls += 1

@@ -441,12 +441,11 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
         raise ValueError(f"groups must be >= 2 and divide probes (the jackknife leaves out one equal group "
                          f"at a time); got probes={probes}, groups={groups}")
     x = x.detach()
-    with torch.no_grad():
-        rec = record_gates(model, x)
+    rec = torch.no_grad()(record_gates)(model, x)  # no graph through the parameters
     names = rec.names
     if not names:
-        raise ValueError("the model has no ReLU, so it has no hidden neurons to take Insens over")
-    q = torch.cat([rec.preactivations[k].flatten(1) for k in names], 1)
+        raise ValueError("the model has no ReLU, so Insens has no hidden neurons to average over")
+    q = torch.cat([rec.preactivations[k].detach().flatten(1) for k in names], 1)
 
     def frozen(z):
         pre = frozen_preactivations(model, z, rec.gates, rec.pool_indices)

@@ -90,6 +90,22 @@ def smoke_scale() -> bool:
     return os.environ.get(SCALE_ENV, "full") == "smoke"
 
 
+def sharp_figures() -> bool:
+    """In a notebook kernel, show matplotlib figures as PNGs at twice their resolution (Jupyter's
+    "retina" format: the image has 2x the pixels and is displayed at its normal size, so it stays sharp on
+    high-density screens and in the book). Returns False outside IPython, where there is nothing to set."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    if get_ipython() is None:
+        return False
+    from matplotlib_inline.backend_inline import set_matplotlib_formats
+
+    set_matplotlib_formats("retina")
+    return True
+
+
 def setup(profile: str, seed: int, device: str | torch.device | None = None,
           sizes: Mapping[str, Mapping[str, Any]] | None = None, scale: str = "full") -> Setup:
     """The first code cell of every chapter: choose the profile's sizes, pick the device, seed, glue.
@@ -100,7 +116,8 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
     code path (same branches, models and data sources) at those sizes in seconds, on one CPU thread; see
     :func:`smoke_scale`.
     ``device`` ``None`` picks :func:`default_device`. Seeds everything with ``seed``, glues the
-    profile's name as ``"profile"`` for the chapter's prose (when run by the book's notebook engine)
+    profile's name as ``"profile"`` for the chapter's prose (when run by the book's notebook engine),
+    shows figures at twice the resolution in a notebook (:func:`sharp_figures`)
     and prints one line saying what runs where. Use it as
     ``SIZES, device = dualview.setup(PROFILE, SEED, DEVICE, sizes={"cpu": {...}, "gpu": {...}}, scale=SCALE)``.
     """
@@ -122,6 +139,7 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
         torch.set_num_threads(1)
     dev = torch.device(device) if device is not None else default_device()
     seed_everything(seed)
+    sharp_figures()
     from dualview.glue import glue
 
     glue("profile", profile if scale == "full" else f"{profile}, {scale} scale", display=False)

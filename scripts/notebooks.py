@@ -111,9 +111,9 @@ def chapters() -> list[Path]:
 
 
 def _code_tokens(source: str) -> str:
-    """The cell's Python tokens without comments, line breaks and indentation: re-wrapping or re-commenting
-    a cell keeps its key (its outputs cannot change), changing its code does not. Source that does not
-    tokenize (e.g. an IPython magic) is keyed by its text without whitespace."""
+    """The cell's Python tokens without comments, line breaks, indentation and trailing commas: re-wrapping
+    or re-commenting a cell keeps its key (its outputs cannot change), changing its code does not. Source
+    that does not tokenize (e.g. an IPython magic) is keyed by its text without whitespace."""
     import io
     import tokenize
 
@@ -123,7 +123,8 @@ def _code_tokens(source: str) -> str:
         tokens = [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type not in skip]
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return "".join(source.split())
-    return " ".join(tokens)
+    # a trailing comma before a closing bracket (a formatter adds it when it splits a call) changes nothing
+    return " ".join(t for t, after in zip(tokens, tokens[1:] + [""]) if not (t == "," and after in ")]}"))
 
 
 def _cell_key(source: str) -> str:

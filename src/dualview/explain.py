@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview import projections, pullbacks
-from dualview.gates import UnsupportedLayerError, check_batch
+from dualview.gates import UnsupportedLayerError, check_batch, check_eval
 from dualview.metrics import target_classes
 
 __all__ = ["METHODS", "CLASS_AGNOSTIC", "attribute", "edge_map", "quantus_explain_func"]
@@ -137,6 +137,7 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     check_batch(x, floating=True)
+    check_eval(model)  # before any forward, for every method: a refused call leaves the model untouched
     x = x.detach()
     with torch.no_grad():
         logits = model(x)

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from dualview.architectures import (Architecture, LinearSite, gate_sites, replace_gate_sites, site_blocks,
                                     site_shapes)
-from dualview.gates import check_supported, record_gates, run_with_gates
+from dualview.gates import UnsupportedLayerError, check_supported, record_gates, run_with_gates
 
 __all__ = ["GaLU", "DeepGating", "ShallowGating", "GatedNetwork", "GatedTrace", "build", "reverse_within_blocks",
            "sample_permutations", "gated_forward_reference"]
@@ -214,7 +214,9 @@ class GatedNetwork(nn.Module):
     ``value`` is a network of ``nn.ReLU`` modules (one per use, as :mod:`dualview.gates` requires),
     ``gating`` one with as many ReLUs (or :class:`~dualview.architectures.LinearSite` identities), or a
     :class:`DeepGating` / :class:`ShallowGating`. Both are copied, yours are never modified; the copy of
-    ``value`` gets a :class:`GaLU` in place of each ReLU. ``frozen=True`` (pretrained or fixed gates) keeps
+    ``value`` gets a :class:`GaLU` in place of each ReLU, the copy of ``gating`` has its in-place ReLUs turned
+    off (so torchvision models can serve as gating networks). Networks without ``nn.ReLU`` modules (a
+    functional ``F.relu`` in ``forward``) are refused: their gates cannot be read or imposed. ``frozen=True`` (pretrained or fixed gates) keeps
     the gating network in eval mode without gradients: ``GatedNetwork(value, gating)`` runs ``value`` with
     the fixed gates of ``gating``, whose NTK in the value weights (``empirical_ntk(..., params="value")``)
     the NPK theorems describe (Section 2 of :cite:`lakshminarayanan2022explicitising`). :func:`build`
@@ -231,10 +233,18 @@ class GatedNetwork(nn.Module):
             if not isinstance(net, nn.Module):
                 raise TypeError(f"{name} must be a network (an nn.Module), got {type(net).__name__}")
         gating = copy.deepcopy(gating)
+        for m in gating.modules():  # our copy: in-place ReLUs (torchvision's) would overwrite the gates' input
+            if isinstance(m, nn.ReLU):
+                m.inplace = False
         self.gating = gating if isinstance(gating, (DeepGating, ShallowGating)) else DeepGating(gating)
         self.value = replace_gate_sites(_check_network(copy.deepcopy(value), "value"), GaLU)
         self._value_sites = [m for m in self.value.modules() if isinstance(m, GaLU)]  # in module order
         n, n_gating = len(self._value_sites), self.gating.num_sites
+        if n == 0 or n_gating == 0:
+            raise UnsupportedLayerError(
+                f"the {'value' if n == 0 else 'gating'} network has no gate sites (no nn.ReLU module): a ReLU "
+                "applied as a function in forward (F.relu, torch.relu, x.relu()) cannot be gated, so the "
+                "gated network would ignore the gating network. Use one nn.ReLU module per use in both.")
         if n_gating != n:
             raise ValueError(f"the value network has {n} ReLUs but the gating network {n_gating} gate sites: "
                              "both need the same architecture")

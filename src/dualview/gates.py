@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import traceback
 import weakref
 from collections import Counter
@@ -51,7 +52,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
-    "GATE_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "unregister_linear_layer",
+    "GATE_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces", "unregister_linear_layer",
     "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates", "active_share",
 ]
 
@@ -119,6 +120,9 @@ _UNVERIFIED: set[type[nn.Module]] = set()  # registered classes not yet checked 
 def _check_affine(module: nn.Module, x: Tensor, label: str | None = None) -> None:
     """Raise unless ``module`` is affine on random inputs shaped like ``x`` (checked in float64 on a copy)."""
     m = copy.deepcopy(module).double().eval()
+    for sub in m.modules():  # a copy made inside instrument() carries its hooks: a plain module is checked
+        sub._forward_hooks.clear()
+        sub._forward_pre_hooks.clear()
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(x.shape, generator=gen, dtype=torch.float64) for _ in range(2))
     with torch.no_grad():
@@ -423,6 +427,7 @@ class _Guard(TorchFunctionMode):
         self.rules = rules
         self.stack: list[tuple[str, nn.Module, bool]] = []  # (label, module, its own calls are trusted)
         self.internal = 0  # > 0 while a rule runs: its own calls are not the model's
+        self.pending: UnsupportedLayerError | None = None  # the last refusal, see __torch_function__
         self.dependent: dict[int, weakref.ref] = {}  # id -> tensor, for tensors that depend on the input
         # inputs of in-place ReLUs (overwritten in the real network): id -> (the input, the ReLU's output)
         self.stale: dict[int, tuple[weakref.ref, Tensor]] = {}
@@ -487,7 +492,9 @@ class _Guard(TorchFunctionMode):
                 out = x.copy_(out) if inplace else out
                 self.mark(out)
                 return out
-        raise UnsupportedLayerError(
+        # Tensor.__matmul__ & co. turn a TypeError into NotImplemented (then Python's own "unsupported
+        # operand" TypeError): instrument() re-raises the pending error in its place
+        self.pending = UnsupportedLayerError(
             f"the forward of {where} calls {_op_name(func)} as a function on a tensor that depends on the "
             f"input, at {_user_frame()}: {problem}. dualview refuses what it does not know to be linear, a "
             "gate or a supported piecewise-linear layer, because the dual view (gates, switched and gated "
@@ -495,6 +502,7 @@ class _Guard(TorchFunctionMode):
             "nn.MaxPool2d module per use for gates (their gates are recorded); other non-linearities "
             "(softmax and attention, normalisation by the input's own statistics, GELU/SiLU/tanh, clamps, "
             "max/amax, products of two activations) are outside the exact dual view of ReLU networks.")
+        raise self.pending
 
     def problem(self, func, kind: str, args, kwargs, dep: list[Tensor]) -> str | None:
         """Why ``func`` may not be applied to the dependent tensors ``dep``, or ``None`` when it may."""
@@ -582,6 +590,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
             calls.clear()
             guard.dependent.clear()
             guard.stale.clear()
+            guard.pending = None
             guard.__enter__()
             guard.mark(list(_tensors(args, {})))
         depth[0] += 1
@@ -605,7 +614,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
                 _check_affine(mod, args[0], label)
             finally:
                 guard.internal -= 1
-            _UNVERIFIED.discard(type(mod))
+            _UNVERIFIED.discard(type(mod))  # checked once per class
         guard.stack.append((label, mod, trusted))
         if isinstance(mod, GATE_LAYERS) and mod.inplace:
             # an in-place ReLU overwrites its input: it gets a copy, so that its input keeps the
@@ -648,7 +657,12 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
                         module.register_forward_hook(post, always_call=True)]
         handles.append(model.register_forward_hook(leave, always_call=True))
         _INSTRUMENTED.update(model.modules())
-        yield
+        try:
+            yield
+        except TypeError as err:
+            if guard.pending is not None and err is not guard.pending:
+                raise guard.pending from None
+            raise
     finally:
         for h in handles:
             h.remove()
@@ -667,6 +681,25 @@ def check_batch(x: Tensor, floating: bool = False) -> None:
                          f"{tuple(x.shape)}; use x.unsqueeze(0) for a single input")
     if floating and not x.dtype.is_floating_point:
         raise TypeError(f"inputs must be floating point, got {x.dtype}")
+
+
+def check_reproduces(what: str, terms: Tensor, bias: Tensor, output: Tensor) -> None:
+    """Raise :class:`UnsupportedLayerError` unless ``terms.sum(-1) + bias = output``: an
+    affine model (``terms`` = weight times input, per coordinate, in the last dimension) reproduces the
+    network's own output at ``x``. Tolerance: a multiple of the dtype's rounding error of that sum."""
+    eps = torch.finfo(terms.dtype).eps
+    lhs = terms.sum(-1) + bias
+    scale = terms.abs().sum(-1) + bias.abs() + output.abs()
+    tol = 64 * eps * math.sqrt(terms.shape[-1] + 1) * scale + torch.finfo(terms.dtype).tiny
+    err = (lhs - output).abs()
+    if not bool((err <= tol).all()):
+        worst = int((err - tol).flatten().argmax())
+        raise UnsupportedLayerError(
+            f"{what} does not reproduce the network at x: <w, x> + b = {float(lhs.flatten()[worst]):.6g} but "
+            f"the network gives {float(output.flatten()[worst]):.6g} (tolerance {float(tol.flatten()[worst]):.2g}). "
+            "The network is not affine once its gates are fixed: it computes something dualview does not "
+            "see (a non-linearity it does not know). This is refused rather than returned wrong; please "
+            "report the model.")
 
 
 def record_gates(model: nn.Module, x: Tensor) -> GateRecord:

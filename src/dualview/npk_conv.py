@@ -89,6 +89,15 @@ def conv_structure(model: nn.Module, input_shape: Sequence[int]) -> ConvStructur
     an error that names the layer and the assumption it breaks.
     """
     check_supported(model)
+    custom = [n or "<model>" for n, m in model.named_modules()
+              if list(m.children()) and not isinstance(m, nn.Sequential)]
+    if custom:
+        raise UnsupportedLayerError(
+            f"the NPK reads a convolutional network from its list of layers, but '{custom[0]}' "
+            f"({type(model.get_submodule(custom[0]) if custom[0] != '<model>' else model).__name__}) has a "
+            "forward of its own (a skip connection, say) that the list does not show, so the kernel would "
+            "be wrong. Give the network as an nn.Sequential of its layers (Theorem 3.2 has no skips); for "
+            "fully connected ResNets use dualview.nets.FCResNet (Theorem 3.3).")
     input_shape = tuple(int(s) for s in input_shape)
     if len(input_shape) not in (2, 3):
         raise ValueError(f"input_shape must be (C, L) or (C, H, W) for one input, got {input_shape}")

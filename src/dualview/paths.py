@@ -328,9 +328,14 @@ def _window_sum(pool: nn.Module, x: Tensor, name: str) -> Tensor:
     """Each window's sum under an average or max-pool's geometry: every input of a window passes (unit weights)."""
     if getattr(pool, "dilation", 1) not in (1, (1, 1)):
         raise ValueError(f"count_paths: dilated max-pool '{name}' is not supported")
-    fn = F.avg_pool1d if x.dim() == 3 else F.avg_pool2d
-    return fn(x, pool.kernel_size, pool.stride, pool.padding, ceil_mode=pool.ceil_mode,
-              count_include_pad=True) * math.prod(_pair(pool.kernel_size)[: x.dim() - 2])
+    # divisor 1: each window's plain sum, also for windows that ceil_mode cuts at the edge
+    one_d = x.dim() == 3
+    as1 = (lambda v: (1, v[0] if isinstance(v, (tuple, list)) else v)) if one_d else _pair  # noqa: E731
+    stride = pool.kernel_size if pool.stride is None or pool.stride == () else pool.stride
+    out = F.avg_pool2d(x.unsqueeze(-2) if one_d else x, as1(pool.kernel_size), as1(stride),
+                       (0, as1(pool.padding)[1]) if one_d else pool.padding, ceil_mode=pool.ceil_mode,
+                       count_include_pad=True, divisor_override=1)
+    return out.squeeze(-2) if one_d else out
 
 
 class _SumPool(nn.Module):

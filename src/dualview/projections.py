@@ -51,7 +51,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview import receptive_fields
-from dualview.gates import record_gates, run_with_gates
+from dualview.gates import check_reproduces as _self_check, record_gates, run_with_gates
 
 __all__ = [
     "SwitchedProjections",
@@ -242,8 +242,10 @@ def switched_projections(
         # the switched bias is the frozen network at input 0: one plain forward pass
         q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices)
     bias = torch.cat([q0[k].flatten(1) for k in names], 1)
+    preactivation = torch.cat([q[k] for k in names], 1)
+    _self_check("the switched linear model", weight * x.detach().flatten(1)[:, None], bias, preactivation)
     return SwitchedProjections(
-        x=x.detach().flatten(1), preactivation=torch.cat([q[k] for k in names], 1), weight=weight, bias=bias,
+        x=x.detach().flatten(1), preactivation=preactivation, weight=weight, bias=bias,
         slices=slices, shapes={k: tuple(rec.preactivations[k].shape[1:]) for k in names},
         input_shape=tuple(x.shape[1:]),
     )
@@ -338,8 +340,15 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
     z = x.clone().requires_grad_(True)
     with torch.enable_grad():
         qz = frozen_preactivations(model, z, rec.gates, rec.pool_indices)
-        total = sum((qz[k].flatten(1) * coef[k]).sum() for k in names)
-        (omega,) = torch.autograd.grad(total, z)
+        total = [(qz[k].flatten(1) * coef[k]).sum(1) for k in names]  # per input
+        (omega,) = torch.autograd.grad(sum(t.sum() for t in total), z)
+    # self-check: the frozen network is affine and is the network at x, so sum_i a_i q_i(x) equals
+    # sum_i a_i b_i + <Omega, x> (b_i: the frozen network at 0); one more forward pass
+    with torch.no_grad():
+        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices)
+        bias = sum((q0[k].flatten(1) * coef[k]).sum(1) for k in names)
+        own = sum((q[k] * coef[k]).sum(1) for k in names)
+    _self_check("Insens", (omega * x).flatten(1), bias, own)
     return InsensResult(
         omega=omega, n_inactive=n_inactive.cpu(), n_cut_off=n_cut.cpu(),
         n_hidden=sum(v.shape[1] for v in q.values()),

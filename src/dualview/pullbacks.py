@@ -35,8 +35,8 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from dualview.gates import GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, check_batch, check_supported, \
-    instrument, record_gates, run_with_gates
+from dualview.gates import GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, check_batch, check_eval, \
+    check_reproduces, check_supported, instrument, record_gates, run_with_gates
 from dualview.metrics import target_classes
 from dualview.surrogates import SurrogateBackward, check_temperature, soft_gates
 
@@ -129,6 +129,7 @@ def _pullback_and_logits(
     """``(pullback, logits, targets)``: the pullback of ``logits[n, target[n]]`` for every sample ``n``."""
     check_batch(x, floating=True)
     t = check_temperature(temperature)
+    check_eval(model)  # before any forward: a refused call leaves the model untouched
     xg = x.detach().clone().requires_grad_(True)
     ctx = contextlib.nullcontext() if t == 0 and not pool_temperature else \
         excitation_backward(model, t, pool_temperature)
@@ -225,6 +226,7 @@ def projected_gradient_ascent(
     if bounds is not None and not bounds[0] < bounds[1]:
         raise ValueError(f"bounds must be (low, high) with low < high, got {bounds}")
     check_batch(x, floating=True)
+    check_eval(model)
     tau, ptau = (temperature, pool_temperature) if method == "pullback" else (0.0, 0.0)
     x0 = x.detach()
     xk = x0.clone()
@@ -291,9 +293,17 @@ def gated_linear_model(
     ``gates`` (one tensor per ReLU call, as :func:`excitation_gates` or ``record_gates(...).gates``
     give them) are held fixed, so ``x' -> run_with_gates(model, x', gates)`` is affine; its
     gradient is ``v_Lambda`` (Section 2.5 of :cite:`satkiewicz2025tapping`). Max-pools take
-    ``pool_indices`` if given (else they pool ``x`` itself).
+    ``pool_indices`` if given, else the winners of ``x`` itself (held fixed too, so the map is affine).
+
+    Self-check: the result must reproduce the Lambda-network's output at ``x``,
+    ``<weight, x> + bias = f_Lambda(x)`` within a tolerance set by the dtype; if not (a layer that is
+    not affine once the gates are fixed), ``UnsupportedLayerError`` is raised instead of a wrong model.
     """
     check_batch(x, floating=True)
+    check_eval(model)
+    if pool_indices is None:
+        with torch.no_grad():
+            pool_indices = record_gates(model, x).pool_indices or None
     xg = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         out = run_with_gates(model, xg, gates, pool_indices)
@@ -302,4 +312,7 @@ def gated_linear_model(
         (v,) = torch.autograd.grad(sel.sum(), xg)
     with torch.no_grad():
         zero = run_with_gates(model, torch.zeros_like(x), gates, pool_indices).gather(1, tg[:, None])[:, 0]
-    return GatedLinearModel(weight=v, bias=zero, output=sel.detach())
+    sel = sel.detach()
+    check_reproduces("the gated linear model", (v * x).flatten(1), zero, sel)
+    return GatedLinearModel(weight=v, bias=zero, output=sel)
+

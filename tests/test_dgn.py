@@ -160,8 +160,14 @@ def test_gated_network_refuses_networks_it_cannot_pair():
         dgn.GatedNetwork(wide, wide, permutation=(1, 0))(torch.randn(3, 4))
     with pytest.raises(gates.UnsupportedLayerError, match="value network.*GELU"):
         dgn.GatedNetwork(nn.Sequential(nn.Linear(4, 5), nn.GELU(), nn.Linear(5, 2)), b)
-    with pytest.raises(ValueError, match="in-place"):
-        dgn.GatedNetwork(b, nn.Sequential(nn.Linear(4, 5), nn.ReLU(inplace=True), nn.Linear(5, 2)))
+    inplace_gating = nn.Sequential(nn.Linear(4, 5), nn.ReLU(inplace=True), nn.Linear(5, 2))
+    paired = dgn.GatedNetwork(b, inplace_gating)  # the copy's in-place ReLUs are turned off, the user's kept
+    assert inplace_gating[1].inplace
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(paired(x), b[2](b[0](x) * (inplace_gating[0](x) > 0)))
+    with pytest.raises(gates.UnsupportedLayerError, match="no gate sites"):
+        dgn.GatedNetwork(nn.Linear(4, 2), nn.Linear(4, 2))
 
     class Twice(nn.Module):  # one ReLU module used twice: its two calls would need two gates
         def __init__(self):
@@ -370,8 +376,8 @@ def test_documented_errors():
         hyperplanes.local_hyperplanes(net, torch.rand(2, 1, 8, 8), site=0, units=[99])
     inplace = dgn.build(arch, "dnn")
     inplace.relu2 = nn.ReLU(inplace=True)
-    with pytest.raises(ValueError, match="in-place"):
-        dgn.build(arch, "dgn", pretrained=inplace)
+    with pytest.raises(ValueError, match="in-place"):  # a DeepGating reads the user's own network
+        dgn.DeepGating(inplace)
     with pytest.raises(ValueError, match="site must lie"):
         hyperplanes.local_hyperplanes(net, torch.rand(2, 1, 8, 8), site=4, units=[0])
     with pytest.raises(ValueError, match="ResNets"):

@@ -329,11 +329,84 @@ def stage() -> None:
         dst.parent.mkdir(parents=True, exist_ok=True)
         if hide and dst.suffix == ".ipynb":
             nbformat.write(_without_solutions(nbformat.read(src, as_version=4)), dst)
+        elif dst.suffix == ".md":  # a plain page: the build's own text, the measured chapter times
+            page = edition_text(src.read_text(encoding="utf-8"), course=hide)
+            if TIMES_MARKER in page:
+                status = json.loads(STATUS.read_text()) if STATUS.exists() else None
+                page = page.replace(TIMES_MARKER, chapter_times(status, _chapter_titles()))
+            dst.write_text(page, encoding="utf-8")
         else:
             shutil.copy2(src, dst)
     for folder in ("book/images",):
         if (ROOT / folder).exists():
             shutil.copytree(ROOT / folder, STAGE / folder)
+
+
+# A plain page's text for one edition: <!-- book-only --> ... <!-- /book-only --> is shown in the full book
+# only, a comment <!-- course-only ... --> is shown (uncommented) in the course build (HIDE_SOLUTIONS=1) only.
+_BOOK_ONLY = re.compile(r"^<!-- book-only -->[ \t]*\n(.*?)^<!-- /book-only -->[ \t]*\n?", re.S | re.M)
+_COURSE_ONLY = re.compile(r"^<!-- course-only[ \t]*\n(.*?)^-->[ \t]*\n?", re.S | re.M)
+
+
+def edition_text(text: str, course: bool) -> str:
+    """The page as the full book (course=False) or the course build (course=True) shows it."""
+    text = _BOOK_ONLY.sub("" if course else r"\1", text)
+    return _COURSE_ONLY.sub(r"\1" if course else "", text)
+
+
+TIMES_MARKER = "<!-- chapter-times -->"  # replaced by the measured execution times (book/instructor.md)
+
+
+def _chapter_titles() -> dict[str, str]:
+    """{'book/01_paths.ipynb': '1. Paths, ...', ...}: the chapters' names in status.json and their titles."""
+    titles = {}
+    for ch in chapters():
+        heading = re.search(r"^# (.+)$", ch.read_text(encoding="utf-8"), re.M)
+        name = ch.relative_to(ROOT).with_suffix(".ipynb").as_posix()
+        titles[name] = heading.group(1).strip() if heading else ch.stem
+    return titles
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if minutes else f"{rest} s"
+
+
+def chapter_times(status: dict | None, titles: dict[str, str], cpu: str | None = None,
+                  cores: int | None = None) -> str:
+    """A Markdown table of the chapters' execution times (cpu profile) from status.json (the root conftest.py
+    writes it: per chapter "run" and "seconds", "workers" chapters at a time, the torch "configuration"),
+    one row per chapter of `titles` (status.json's name -> title), with the machine they ran on (`cpu`,
+    `cores`: status.json's, else this machine's); a sentence saying so where nothing was measured."""
+    timed = {name: entry for name, entry in (status or {}).get("chapters", {}).items()
+             if entry.get("run") == "cpu profile" and name in titles}
+    if not timed:
+        why = ("`_build/executed/status.json`, which the chapters' execution writes, is missing"
+               if status is None else "the last execution of the chapters timed none in the cpu profile")
+        return (f"*The chapters' execution times were not measured in this build ({why}); run `make book` "
+                "(or `make notebooks` before `make html`) to measure them.*\n")
+    config = status.get("configuration", {})
+    workers = int(status.get("workers", 1))
+    threads = config.get("torch_threads")
+    cpu = cpu or config.get("cpu") or cpu_model()
+    cores = cores or config.get("cores") or os.cpu_count() or 1
+    at_a_time = f"{workers} at a time" if workers > 1 else "one at a time"
+    lines = [f"Measured by the last execution of the chapters (cpu profile) on {cpu}, {cores} cores; they "
+             f"ran {at_a_time}, each with {threads} torch thread{'s' if threads != 1 else ''} "
+             f"(torch kernels {config.get('cpu_capability')}).", "",
+             "| Chapter | Execution time, cpu profile | Result |", "|---|---:|---|"]
+    for name, title in titles.items():
+        entry = timed.get(name)
+        if entry is None:
+            lines.append(f"| {title} | not timed | not executed in the last run of the chapters |")
+            continue
+        result = ("failed" if entry.get("errors") else
+                  f"{len(entry['mismatches'])} checked output(s) differ" if entry.get("mismatches") else "ok")
+        lines.append(f"| {title} | {_duration(entry['seconds'])} | {result} |")
+    if len(timed) == len(titles):
+        total = sum(entry["seconds"] for entry in timed.values())
+        lines.append(f"| **All chapters, one after another** | {_duration(total)} | |")
+    return "\n".join(lines) + "\n"
 
 
 _SOLUTION_FENCE = re.compile(r"```\{solution-(start|end)\}[^\n]*\n(?:[^`]*?\n)?```[ \t]*\n?")

@@ -117,7 +117,7 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
     :func:`smoke_scale`.
     ``device`` ``None`` picks :func:`default_device`. Seeds everything with ``seed``, glues the
     profile's name as ``"profile"`` for the chapter's prose (when run by the book's notebook engine),
-    shows figures at twice the resolution in a notebook (:func:`sharp_figures`)
+    shows figures at twice the resolution in a notebook (``sharp_figures``)
     and prints one line saying what runs where. Use it as
     ``SIZES, device = dualview.setup(PROFILE, SEED, DEVICE, sizes={"cpu": {...}, "gpu": {...}}, scale=SCALE)``.
     """

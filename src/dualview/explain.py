@@ -13,7 +13,10 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
   first);
 * ``"lrp"``: Zennit's LRP :cite:`bach2015pixel,anders2021software` with the composite ``EpsilonGammaBox``
   (epsilon in the dense layers, gamma in the convolutions, the z^B rule with the input's bounds in the first
-  layer) or ``"epsilon_plus_flat"`` (flat rule in the first layer: a blob that ignores the image);
+  layer) or ``"epsilon_plus_flat"`` (flat rule in the first layer: a blob that ignores the image) or
+  ``"epsilon"`` (epsilon everywhere); on a canonized copy (Zennit's ResNetCanonizer: BatchNorm merged,
+  torchvision's residual sums as ``Sum`` layers); ``x``'s bounds are ``low``/``high`` (default 0 and 1) or
+  ``normalised=True`` (ImageNet's mean and std); relevance sum / logit is checked; anything else is refused;
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
   ``pool_temperature``; :func:`dualview.pullbacks.excitation_pullback`);
 * ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
@@ -28,9 +31,13 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import copy
+import warnings
+
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from dualview import projections, pullbacks
 from dualview.gates import UnsupportedLayerError, check_batch, check_eval
@@ -47,7 +54,7 @@ CLASS_AGNOSTIC: frozenset[str] = frozenset({"insens", "intensity", "edges"})
 
 _OPTIONS: dict[str, set[str]] = {
     "gradient": set(), "gradient_x_input": {"baseline"}, "integrated_gradients": {"baseline", "n_steps"},
-    "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "epsilon", "gamma"},
+    "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
     "pullback": {"temperature", "pool_temperature"},
     "pullback_x_input": {"temperature", "pool_temperature", "baseline"},
     "insens": {"chunk_size"}, "intensity": {"baseline"}, "edges": set(),
@@ -82,36 +89,220 @@ def _zoo_parts(model: nn.Module) -> tuple[nn.Module, nn.Module]:
     return nn.Identity(), model
 
 
-def _lrp(model: nn.Module, x: Tensor, t: Tensor, composite: str = "epsilon_gamma_box", low: float = 0.0,
-         high: float = 1.0, epsilon: float = 1e-6, gamma: float = 0.25) -> Tensor:
-    from zennit.attribution import Gradient
-    from zennit.composites import EpsilonGammaBox, EpsilonPlusFlat
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+_LRP_LEAVES: tuple[type[nn.Module], ...] = (
+    nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ReLU, nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d,
+    nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d,
+    nn.AdaptiveAvgPool2d, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+)
+"""Layers (exact classes) with an LRP rule in Zennit's composites that is right for them in eval mode, or that
+only move numbers; BatchNorm only when a canonizer merges it into the layer before it."""
+
+_ROUTING: frozenset[str] = frozenset({
+    "flatten", "view", "reshape", "permute", "transpose", "contiguous", "squeeze", "unsqueeze", "__getitem__",
+    "cat", "concat", "concatenate", "stack", "chunk", "split", "unbind", "narrow", "select", "clone", "detach",
+    "to", "float", "double", "relu", "relu_", "dropout", "expand", "expand_as", "view_as", "pad",
+})
+"""Functions a forward may call between layers: they move, copy or select numbers (relevance follows them as the
+gradient does, and is conserved), or are a ReLU, whose relevance the layer above already routes."""
+
+
+def _lrp_bounds(x: Tensor, preprocess: nn.Module, low: Any, high: Any, normalised: Any) -> tuple[Tensor, Tensor]:
+    """The z^B rule's pixel bounds in the network's input space, ``(1, C, H, W)`` each."""
+    if normalised is not False and (low is not None or high is not None):
+        raise ValueError("give either normalised= (the input's mean and std) or low=/high= (its bounds), not both")
+    if normalised is not False:
+        mean, std = (IMAGENET_MEAN, IMAGENET_STD) if normalised is True else normalised
+        mean, std = _baseline(x[:1], mean), _baseline(x[:1], std)
+        low, high = (0.0 - mean) / std, (1.0 - mean) / std
+    low, high = _baseline(x[:1], 0.0 if low is None else low), _baseline(x[:1], 1.0 if high is None else high)
+    with torch.no_grad():
+        low, high = preprocess(low), preprocess(high)
+    return torch.minimum(low, high), torch.maximum(low, high)
+
+
+class _ArithmeticGuard(TorchFunctionMode):
+    """Refuses, during one forward, arithmetic on input-dependent tensors outside the layers of ``_LRP_LEAVES``
+    (a residual sum or attention written in ``forward``): no LRP rule sees it, and relevance would follow the
+    gradient there (a sum's relevance goes down both branches in full)."""
+
+    def __init__(self, net: nn.Module, root: Tensor) -> None:
+        from zennit.layer import Sum
+
+        super().__init__()
+        self.root, self.stack, self.handles, self.ruled = root, [("", net)], [], _LRP_LEAVES + (Sum,)
+        self.refusal = ""  # the first refusal; raised after the forward (a TypeError inside would be swallowed)
+        for name, module in net.named_modules():
+            if name:
+                self.handles.append(module.register_forward_pre_hook(
+                    lambda m, a, name=name: self.stack.append((name, m))))
+                self.handles.append(module.register_forward_hook(lambda m, a, o: self.stack.pop() and None))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name, owner = self.stack[-1]
+        tensors = [a for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])]
+        live = [a for a in tensors if isinstance(a, Tensor) and (a is self.root or a.grad_fn is not None)]
+        op = getattr(func, "__name__", str(func))
+        if live and isinstance(out, Tensor) and type(owner) not in self.ruled and op not in _ROUTING:
+            where = f"'{name}' ({type(owner).__name__})" if name else f"the forward of {type(owner).__name__}"
+            kind = "a residual sum" if op.strip("_").startswith(("add", "sub")) else "an operation"
+            self.refusal = self.refusal or (
+                f"LRP: {where} calls {op} on the input-dependent activations in its forward ({kind} that no "
+                "canonizer covers: Zennit's ResNetCanonizer rewrites only torchvision's BasicBlock and Bottleneck, "
+                "so relevance would be copied into both branches of a residual sum, or pass an attention or "
+                "normalisation unruled). Use a torchvision ResNet, or write the sum as a zennit.layer.Sum module "
+                "(with a stacked input) and the layer as a module with an LRP rule")
+        return out
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _lrp_canonized(net: nn.Module, z: Tensor) -> tuple[nn.Module, Tensor]:
+    """A canonized copy of ``net`` (Zennit's ResNetCanonizer: BatchNorm merged into the linear layer before it,
+    torchvision's residual sums as ``Sum`` modules) and its output at ``z``, once every check has passed: every
+    layer has a rule, every BatchNorm is merged into the layer whose output it reads, no arithmetic outside the
+    layers, and the copy computes what ``net`` computes. The caller's model is never touched."""
+    from zennit.torchvision import ResNetCanonizer
+
+    from zennit.types import Activation
+
+    norms = (nn.LayerNorm, nn.GroupNorm, nn.LocalResponseNorm, nn.modules.instancenorm._InstanceNorm)
+    first: dict[str, str] = {}  # the first layer of each class without a fitting rule
+    for n, m in net.named_modules():  # other layers must only move numbers (checked in the forward)
+        if isinstance(m, (Activation, nn.MultiheadAttention) + norms) and type(m) is not nn.ReLU:
+            first.setdefault(type(m).__name__, n)
+    others = [f"{cls} at '{n}'" for cls, n in first.items()]
+    if others:
+        raise UnsupportedLayerError(
+            f"LRP has no rule here for {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}: Zennit's "
+            "composites cover ReLU networks of Linear/Conv, pooling and (merged) BatchNorm layers. Transformers (ViT, Swin) need "
+            "rules for attention and LayerNorm that Zennit does not ship; other activations (ReLU6, SiLU, GELU) "
+            "and squeeze-excitation products have none either")
+    copy_ = copy.deepcopy(net)
+    for m in copy_.modules():  # Zennit's hooks cannot follow a ReLU that overwrites its input
+        if isinstance(m, nn.ReLU):
+            m.inplace = False
+    try:
+        applied = ResNetCanonizer().apply(copy_)
+    except RuntimeError as err:  # a BatchNorm paired with a layer of another width (DenseNet)
+        from zennit.core import collect_leaves
+
+        leaves, names = list(collect_leaves(net)), {m: n for n, m in net.named_modules()}
+        pairs = [f"{names[bn]!r} ({bn.num_features} channels) after {names[lin]!r} ({lin.weight.shape[0]})"
+                 for lin, bn in zip(leaves, leaves[1:]) if isinstance(bn, nn.modules.batchnorm._BatchNorm)
+                 and isinstance(lin, (nn.Conv2d, nn.Linear)) and lin.weight.shape[0] != bn.num_features]
+        raise UnsupportedLayerError(
+            f"LRP: Zennit's SequentialMergeBatchNorm merges each BatchNorm into the layer listed before it, but "
+            f"{pairs[0] if pairs else err} reads another tensor in forward (a pre-activation BatchNorm on a concatenation, "
+            "as in DenseNet); no canonizer merges it") from err
+    merged = {c.batch_norm: c.linears[0] for c in applied if hasattr(c, "batch_norm")}
+    for bn in merged:  # Zennit leaves x / sqrt(1 + eps) behind; make the merged BatchNorm the identity
+        bn.running_var.fill_(1 - bn.eps)
+    names = {m: n for n, m in copy_.named_modules()}
+    unmerged = [n for n, m in copy_.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+                and m not in merged]
+    if unmerged:
+        raise UnsupportedLayerError(
+            f"LRP: the BatchNorm layer(s) {unmerged[:3]} do not follow a linear layer, so Zennit's "
+            "SequentialMergeBatchNorm cannot merge them (a pre-activation BatchNorm, as in DenseNet); "
+            "Zennit would pass relevance through them unchanged, ignoring their shift")
+    outputs: dict[nn.Module, Tensor] = {}
+    hooks = [lin.register_forward_hook(lambda m, a, o: outputs.__setitem__(m, o)) for lin in merged.values()]
+    hooks += [bn.register_forward_pre_hook(lambda m, a: outputs.__setitem__(m, a[0])) for bn in merged]
+    root = z.detach().clone().requires_grad_(True)
+    guard = _ArithmeticGuard(copy_, root)
+    try:
+        with torch.enable_grad(), guard:
+            out = copy_(root)
+    finally:
+        guard.remove()
+        for hook in hooks:
+            hook.remove()
+    if guard.refusal:
+        raise UnsupportedLayerError(guard.refusal)
+    wrong = [names[bn] for bn, lin in merged.items() if outputs.get(bn) is not outputs.get(lin)]
+    if wrong:
+        raise UnsupportedLayerError(
+            f"LRP: BatchNorm layer(s) {wrong[:3]} come after a linear layer in the module list but do not read "
+            "its output in forward (e.g. DenseNet's concatenations), so merging them would change the network")
+    return copy_, out.detach()
+
+
+def _lrp_conservation(relevance: Tensor, logits: Tensor, t: Tensor, net: nn.Module) -> Tensor:
+    """Relevance sum over the target logit per input; raises when relevance exploded, or when a bias-free network
+    (whose rules here all conserve) does not conserve it; warns when biases absorbed or added much of it."""
+    logit = logits[torch.arange(len(t)), t]
+    total = relevance.flatten(1).sum(1).to(logit)
+    ratio = total / logit
+    scale = logits.abs().mean(1)
+    if not torch.isfinite(total).all() or (total.abs() > 1e3 * (logit.abs() + scale)).any():
+        raise UnsupportedLayerError(
+            f"LRP: the relevance sums {total.tolist()[:4]} are far beyond the target logits {logit.tolist()[:4]} "
+            "(relevance exploded): a layer whose rule does not fit it; this map would be meaningless")
+    biases = [m.bias for m in net.modules() if isinstance(getattr(m, "bias", None), Tensor)]
+    bias_free = all(not b.any() for b in biases)
+    off = (total - logit).abs() > 1e-2 * torch.maximum(logit.abs(), scale)
+    if bias_free and off.any():
+        raise UnsupportedLayerError(
+            f"LRP: the network has no biases, so relevance must be conserved, but relevance sum / target logit is "
+            f"{ratio[off].tolist()[:4]}: some layer is not covered by a conserving rule")
+    if not bias_free and ((ratio - 1).abs() > 0.5).any():
+        warnings.warn(f"LRP: relevance sum / target logit ranges over [{ratio.min():.3g}, {ratio.max():.3g}] "
+                      "(the biases absorb or add relevance); the map is not a decomposition of the logit",
+                      stacklevel=3)
+    return ratio
+
+
+def _lrp(model: nn.Module, x: Tensor, t: Tensor, composite: str = "epsilon_gamma_box", low: Any = None,
+         high: Any = None, normalised: bool | tuple[Any, Any] = False, epsilon: float = 1e-6,
+         gamma: float = 0.25) -> Tensor:
+    """Zennit's LRP on a canonized copy of the network; bounds of ``x``: ``low``/``high`` (a number or one per
+    channel; default 0 and 1), or ``normalised=True`` (ImageNet's mean and std) or ``normalised=(mean, std)``."""
+    from zennit.composites import EpsilonGammaBox, EpsilonPlusFlat, LayerMapComposite, layer_map_base
+    from zennit.rules import Epsilon
+    from zennit.types import Convolution
 
     preprocess, net = _zoo_parts(model)
-    residual = [n for n, m in net.named_modules() if type(m).__name__ in ("BasicBlock", "Bottleneck", "FCResNet")]
-    norms = [n for n, m in net.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if residual or norms:
-        raise UnsupportedLayerError(
-            f"LRP here covers plain conv nets only: the model has {'residual blocks ' + repr(residual[:2]) if residual else ''}"
-            f"{' and ' if residual and norms else ''}{'BatchNorm layers ' + repr(norms[:2]) if norms else ''}; Zennit "
-            "needs canonizers for those (merging BatchNorm, splitting the residual sum), which this verb does not set up")
     with torch.no_grad():
         z = preprocess(x)
-        if z.shape != x.shape:
-            raise UnsupportedLayerError(f"LRP needs an element-wise preprocessing layer; {type(preprocess).__name__} "
-                                        f"maps {tuple(x.shape)} to {tuple(z.shape)}")
-        lo = preprocess(torch.full_like(x[:1], low))
-        hi = preprocess(torch.full_like(x[:1], high))
-        lo, hi = torch.minimum(lo, hi), torch.maximum(lo, hi)
+    if z.shape != x.shape:
+        raise UnsupportedLayerError(f"LRP needs an element-wise preprocessing layer; {type(preprocess).__name__} "
+                                    f"maps {tuple(x.shape)} to {tuple(z.shape)}")
+    lo, hi = _lrp_bounds(x, preprocess, low, high, normalised)
     if composite == "epsilon_gamma_box":
+        slack = 1e-5 * float((hi - lo).abs().max())
+        if (z < lo - slack).any() or (z > hi + slack).any():
+            raise ValueError(
+                f"LRP: the input has values in [{float(z.min()):.3g}, {float(z.max()):.3g}], outside the z^B rule's "
+                f"bounds [{float(lo.min()):.3g}, {float(hi.max()):.3g}]: if x is ImageNet-normalised pass "
+                "normalised=True (or normalised=(mean, std)), else low=/high= the bounds of your input space")
         comp = EpsilonGammaBox(low=lo, high=hi, epsilon=epsilon, gamma=gamma)
     elif composite == "epsilon_plus_flat":
         comp = EpsilonPlusFlat(epsilon=epsilon)
+    elif composite == "epsilon":
+        comp = LayerMapComposite(layer_map_base(epsilon) + [((Convolution, nn.Linear), Epsilon(epsilon=epsilon))])
     else:
-        raise ValueError(f"composite must be 'epsilon_gamma_box' or 'epsilon_plus_flat', got {composite!r}")
-    with torch.enable_grad(), Gradient(model=net, composite=comp) as attributor:
+        raise ValueError(f"composite must be 'epsilon_gamma_box', 'epsilon_plus_flat' or 'epsilon', got {composite!r}")
+    canonized, logits = _lrp_canonized(net, z)
+    with torch.enable_grad(), comp.context(canonized) as hooked:
+        zg = z.detach().clone().requires_grad_(True)
+        out = hooked(zg)
         # the relevance starts as the target logit itself (Bach et al.'s R = f(x)) and flows down to the input
-        logits, relevance = attributor(z.clone(), lambda out: torch.nn.functional.one_hot(t, out.shape[1]).to(out) * out)
+        seed = torch.nn.functional.one_hot(t, out.shape[1]).to(out) * out
+        (relevance,) = torch.autograd.grad(out, zg, grad_outputs=seed.detach())
+    with torch.no_grad():
+        reference = net(z)
+    tol = torch.finfo(reference.dtype).eps ** 0.5 * (1 + reference.abs().max())
+    if (logits - reference).abs().max() > tol:
+        raise UnsupportedLayerError(
+            f"LRP: the canonized network computes logits {float((logits - reference).abs().max()):.3g} away from "
+            "the model's own; a canonizer does not fit this architecture")
+    _lrp_conservation(relevance, reference, t, canonized)
     # relevance is a per-pixel amount: an element-wise affine preprocessing passes it through unchanged
     return relevance.detach()
 

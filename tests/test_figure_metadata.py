@@ -5,8 +5,8 @@ built HTML.
 
 A cell draws a figure when it calls matplotlib (``plt.…``), dualview's figure helpers (``plot.…``) or a
 function defined earlier in the chapter that does. Cells whose output the page removes (tags
-``remove-output``, ``remove-cell``) are exempt. An animation made by ``plot.animate(…, alt=…)`` has its alt
-text from that argument.
+``remove-output``, ``remove-cell``) are exempt. An animation made by ``plot.animate(…, alt=…)`` has
+its alt text from that argument.
 """
 from __future__ import annotations
 
@@ -111,7 +111,8 @@ def test_every_figure_has_a_caption_and_alt_text(chapter):
     problems = figure_problems(nb, chapter.name[:2])
     assert not problems, (
         f"{chapter.name}: figure cells without caption or alt text:\n  " + "\n  ".join(problems) +
-        "\nAdd after the ```{code-cell} ipython3 line:\n---\nmystnb:\n  figure:\n    caption: <what it shows>\n"
+        "\nAdd after the ```{code-cell} ipython3 line:\n---\nmystnb:\n  figure:\n"
+        "    caption: <what it shows>\n"
         f"    name: fig-ch{chapter.name[:2]}-<short name>\n  image:\n    alt: <what is drawn>\n---")
 
 
@@ -124,7 +125,8 @@ def test_figure_names_are_unique():
 
 
 def _notebook(*cells: tuple[str, dict]) -> nbformat.NotebookNode:
-    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src, metadata=meta) for src, meta in cells])
+    return nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_code_cell(src, metadata=meta) for src, meta in cells])
 
 
 def test_detection_of_figure_cells():
@@ -149,7 +151,8 @@ def test_the_check_accepts_complete_metadata_and_rejects_file_names():
     assert figure_problems(nb, "01") == []
     assert figure_problems(nb, "02") == [
         "code cell 0 ('plt.plot([1, 2])'): figure name 'fig-ch01-curve' is not fig-ch02-<short name>"]
-    bad = {"mystnb": {"figure": {"caption": "A curve."}, "image": {"alt": "../_images/" + "ab" * 32 + ".png"}}}
+    hashed = "../_images/" + "ab" * 32 + ".png"
+    bad = {"mystnb": {"figure": {"caption": "A curve."}, "image": {"alt": hashed}}}
     assert "file name" in figure_problems(_notebook(("plt.plot([1, 2])", bad)), "01")[0]
     animation = _notebook(('plot.animate(draw, 3, alt="a dot moving right")',
                            {"mystnb": {"figure": {"caption": "A moving dot."}}}))

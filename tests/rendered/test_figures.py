@@ -32,6 +32,7 @@ class _OutputImages(HTMLParser):
         self.stack: list[tuple[str, str]] = []       # (tag, class) of the open elements
         self.figures: list[dict] = []                # the open <figure>s, innermost last
         self.images: list[dict] = []
+        self.empty_figures: list[str] = []           # captions of output figures that hold no image
 
     def _inside(self, tag: str, cls: str = "") -> bool:
         return any(t == tag and cls in c.split() if cls else t == tag for t, c in self.stack)
@@ -43,12 +44,15 @@ class _OutputImages(HTMLParser):
                 figure = self.figures[-1] if self.figures else None
                 self.images.append({"src": attrs.get("src") or "", "alt": attrs.get("alt") or "",
                                     "figure": figure})
+                if figure is not None:
+                    figure["images"] += 1
             return
         if tag in VOID:
             return
         self.stack.append((tag, attrs.get("class") or ""))
         if tag == "figure":
-            self.figures.append({"caption": "", "number": ""})
+            self.figures.append({"caption": "", "number": "", "images": 0,
+                                 "in_output": self._inside("div", "cell_output")})
 
     def handle_startendtag(self, tag, attrs):
         self.handle_starttag(tag, attrs)
@@ -61,7 +65,9 @@ class _OutputImages(HTMLParser):
         while self.stack:
             open_tag, _ = self.stack.pop()
             if open_tag == "figure":
-                self.figures.pop()
+                figure = self.figures.pop()
+                if figure["in_output"] and not figure["images"]:
+                    self.empty_figures.append(" ".join(figure["caption"].split()))
             if open_tag == tag:
                 break
 
@@ -72,16 +78,25 @@ class _OutputImages(HTMLParser):
                 self.figures[-1]["number"] += data
 
 
-def output_images(html: str) -> list[dict]:
+def _parse(html: str) -> _OutputImages:
     parser = _OutputImages()
     parser.feed(html)
     parser.close()
-    return parser.images
+    return parser
+
+
+def output_images(html: str) -> list[dict]:
+    return _parse(html).images
 
 
 def image_problems(html: str) -> list[str]:
-    problems = []
-    for img in output_images(html):
+    parsed = _parse(html)
+    # myst-nb gives the cell's figure caption to every display output of the cell: a caption on a text
+    # output means the cell shows something besides its figure (e.g. a last line without a semicolon)
+    problems = [f"a figure caption on an output that is not an image ({caption[:70]!r}): end the cell's "
+                "last line with ';' or move the other output to its own cell"
+                for caption in parsed.empty_figures]
+    for img in parsed.images:
         where = f"<img src={img['src'][:80]!r}>"
         figure = img["figure"]
         if figure is None:
@@ -89,7 +104,7 @@ def image_problems(html: str) -> list[str]:
         else:
             number = " ".join(figure["number"].split())
             if not re.search(r"\d", number):
-                problems.append(f"{where}: its figure has no number (mystnb.figure.name missing or not unique?)")
+                problems.append(f"{where}: its figure has no number (Sphinx's numfig off?)")
             if not figure["caption"].replace(figure["number"], "").strip():
                 problems.append(f"{where}: its figure has an empty caption")
         alt = img["alt"].strip()
@@ -111,15 +126,16 @@ def test_every_output_image_is_a_captioned_figure_with_alt_text(chapter):
     if not page.exists():
         pytest.fail(f"{page} does not exist: build the book first (`make html`)")
     html = page.read_text(encoding="utf-8")
-    assert output_images(html), f"{chapter}: no image in any cell output; is the page built from executed cells?"
+    assert output_images(html), f"{chapter}: no image in a cell output; built from executed cells?"
     problems = image_problems(html)
-    assert not problems, f"{chapter}: {len(problems)} problem(s) with output images:\n  " + "\n  ".join(problems)
+    assert not problems, f"{chapter}: {len(problems)} problem(s) with figures:\n  " + "\n  ".join(problems)
 
 
 def test_the_check_sees_a_missing_caption_and_a_file_name_alt():
     figure = ('<div class="cell_output docutils container"><figure class="align-default" id="fig-ch01-x">'
               '<img alt="A red curve." src="../_images/a.png" /><figcaption><p><span class="caption-number">'
-              'Fig. 3 </span><span class="caption-text">What it shows.</span></p></figcaption></figure></div>')
+              'Fig. 3 </span><span class="caption-text">What it shows.</span></p></figcaption>'
+              '</figure></div>')
     assert image_problems(figure) == []
     hashed = "../_images/" + "ab" * 32 + ".png"
     bare = f'<div class="cell_output docutils container"><img alt="{hashed}" src="{hashed}" /></div>'
@@ -129,3 +145,5 @@ def test_the_check_sees_a_missing_caption_and_a_file_name_alt():
     assert ["no number" in p for p in image_problems(unnumbered)] == [True]
     outside = '<div class="article"><img alt="" src="logo.png"></div>'  # not a cell output: not checked
     assert output_images(outside) == []
+    text = figure.replace('<img alt="A red curve." src="../_images/a.png" />', "<pre>&lt;Colorbar&gt;</pre>")
+    assert ["not an image" in p for p in image_problems(text + figure)] == [True]

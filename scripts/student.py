@@ -1,13 +1,16 @@
-"""Student notebooks: each chapter's Colab copy without the solutions of its exercises.
+"""Student notebooks: each chapter's Colab copy without the solutions of its exercises, with answer cells.
 
     python scripts/student.py write     book/<ch>.md -> book/student/<ch>.ipynb (`make student`, `make sync`)
     python scripts/student.py check     fail if a committed student notebook is missing or out of date (`make test`)
 
-A student notebook is the chapter as Colab opens it (``book/<ch>.ipynb``, see scripts/notebooks.py) with
-every solution cell and solution paragraph removed (the gated ``solution-start``/``solution-end`` blocks,
-as in the course build), the exercises turned from MyST directives into plain Markdown a notebook shows,
-and a first cell with its own Colab link. The notebooks are committed, because Colab opens files from the
-repository named in ``_config.yml``.
+A student notebook is the chapter as Colab opens it (``book/<ch>.ipynb``, plain Markdown, see
+scripts/notebooks.py) with every solution cell and solution paragraph removed (the gated
+``solution-start``/``solution-end`` blocks, as in the course build), a first cell with its own Colab link
+and a link to the chapter's page of the course (not to the solutions), and after each exercise an empty
+answer cell; where the answer is a number, a tuple of numbers or a short function (ANSWERS), the answer
+cell is followed by a self-check, ``dualview.exercises.check(label, answer_<n>, ...)``, which says right or
+wrong without showing the solution, and "not answered yet" while the answer is ``...``. The notebooks are
+committed, because Colab opens files from the repository named in ``_config.yml``.
 
 The same file is a Sphinx extension for the course build (``make html HIDE_SOLUTIONS=1``, where
 ``notebooks.py stage`` adds it): each chapter's Colab button then opens the student notebook.
@@ -27,8 +30,19 @@ import notebooks  # noqa: E402  (the chapters, their Colab copies, the removal o
 
 ROOT = notebooks.ROOT
 STUDENT = ROOT / "book" / "student"
-# an exercise directive: its fence, its options (:label: ...), its text, the closing fence of the same length
-_EXERCISE = re.compile(r"^(`{3,})\{exercise\}[^\n]*\n((?::[\w-]+:[^\n]*\n)*)\n?(.*?)\n\1[ \t]*$", re.S | re.M)
+_EXERCISE_HEADING = re.compile(r"^#### Exercise (\d+)$", re.M)
+
+# The exercises with a self-check (dualview.exercises), by label: what the answer cell asks for, and what the
+# check needs from the chapter's own variables besides the answer.
+ANSWERS = {
+    "ex-paths-count": ("a function of the layer sizes [d_in, w_1, ..., C] returning the number of paths, "
+                       "bias paths included", ""),
+    "ex-patterns": ("the number of distinct gate patterns of the digits network on x_test", "model=fc, x=x_test"),
+    "ex-resnet-count": ("(number of paths, share through all four blocks, share skipping block 2)", ""),
+    "ex-dgn-temperature": ("a function slope(q, temperature): the derivative of sigmoid(q / temperature) "
+                           "with respect to q", ""),
+    "ex-leveling-hc": ("the log alpha at which P(z = 0) = P(z = 1)", ""),
+}
 
 
 def colab_link(path: Path) -> str:
@@ -50,36 +64,50 @@ def student_path(chapter: Path) -> Path:
     return STUDENT / chapter.with_suffix(".ipynb").name
 
 
-def student_notebook(chapter: Path, first_exercise: int):
-    """The student notebook of `chapter`; its exercises are numbered from `first_exercise` (the book's
-    numbering runs through the chapters)."""
-    nb = notebooks._without_solutions(notebooks._colab_copy(chapter))
-    number = first_exercise
+def answer_cells(label: str | None, number: int) -> list:
+    """The cells a student answers Exercise ``number`` in: an empty answer cell, and a self-check if the
+    exercise has one (ANSWERS)."""
+    if label not in ANSWERS:
+        return [nbformat.v4.new_code_cell(f"# Exercise {number}: your answer (code here; reasoning in a text cell)\n")]
+    asks, given = ANSWERS[label]
+    name = f"answer_{number}"
+    return [nbformat.v4.new_code_cell(f"# Exercise {number}: {asks}\n{name} = ..."),
+            nbformat.v4.new_code_cell(f"# Exercise {number}: check your answer (run it again after changing it)\n"
+                                      "from dualview import exercises\n\n"
+                                      f"exercises.check({label!r}, {name}{', ' + given if given else ''})")]
 
-    def plain(match: re.Match) -> str:
-        nonlocal number
-        number += 1
-        return f"**Exercise {number - 1}.** {match[3].strip()}"
 
+def course_page(chapter: Path) -> str:
+    """The chapter's page in the online course build (the course is published where the book is)."""
+    return notebooks.pages_url() + "/" + chapter.relative_to(ROOT).with_suffix(".html").as_posix()
+
+
+def student_notebook(chapter: Path):
+    """The student notebook of ``chapter`` (its exercises numbered as the book numbers them)."""
+    nb = notebooks._colab_copy(chapter, solutions=False)
+    labels = {number: label for label, number in nb.metadata["dualview"]["exercises"].items()}
+    cells = []
     for cell in nb.cells:
-        if cell.cell_type == "markdown":
-            cell.source = _EXERCISE.sub(plain, cell.source)
+        cells.append(cell)
+        for match in _EXERCISE_HEADING.finditer(cell.source) if cell.cell_type == "markdown" else []:
+            number = int(match[1])
+            for k, extra in enumerate(answer_cells(labels.get(number), number)):
+                extra.id = f"answer{number}{'abcdefgh'[k]}"
+                cells.append(extra)
     header = nbformat.v4.new_markdown_cell(
-        f"*Student notebook*: the exercises of this chapter without their solutions. "
-        f"[Open it in Colab]({colab_link(student_path(chapter))}); the chapter with the solutions is "
-        f"[book/{chapter.with_suffix('.ipynb').name}]({colab_link(chapter.with_suffix('.ipynb'))}).")
+        "*Student notebook*: the chapter with its exercises and without their solutions. "
+        f"[Open it in Colab]({colab_link(student_path(chapter))}); the chapter's page in the course: "
+        f"[{course_page(chapter).rsplit('/', 1)[-1]}]({course_page(chapter)}). Each exercise is followed by an "
+        "empty answer cell; where the answer is a number or a short function, a check cell after it says "
+        "whether your answer is right (it does not show the solution).")
     header.id = "student0"
-    nb.cells.insert(0, header)
+    nb.cells = [header, *cells]
     return nb
 
 
 def student_notebooks() -> dict[Path, object]:
     """Every chapter's student notebook, by the path it is committed at."""
-    out, first = {}, 1
-    for chapter in notebooks.chapters():
-        out[student_path(chapter)] = student_notebook(chapter, first)
-        first += len(_EXERCISE.findall(chapter.read_text()))
-    return out
+    return {student_path(chapter): student_notebook(chapter) for chapter in notebooks.chapters()}
 
 
 def write() -> None:

@@ -6,7 +6,8 @@ weights (run with DUALVIEW_DATA=/path/to/shared/data, which only the mirror read
 The setup cell runs as in Colab: a stand-in ``google.colab`` module is registered first, and the cell's
 ``git+<repository>@<revision>`` (which needs GitHub) is pointed at the wheel; everything else it installs
 comes from the package registry. Takes one to three minutes (pip installs torch from this machine's
-wheel cache and the book extra's packages from the registry or pip's cache).
+wheel cache and the book extra's packages from the registry or pip's cache). Colab's ipywidgets 7 is
+preinstalled too: the light install must keep it and bring nothing that only builds the HTML (myst-nb, Sphinx).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from test_mirror import mirror_folder, offline, serve  # noqa: F401  (mirror_fol
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "book" / "01_paths.ipynb"
-COLAB_PREINSTALLED = ["torch==2.14.1", "torchvision==0.29.1", "ipykernel", "nbclient"]
+# what Colab has preinstalled and the light install must keep (ipywidgets 7, not upgraded for one slider)
+COLAB_PREINSTALLED = ["torch==2.14.1", "torchvision==0.29.1", "ipykernel", "nbclient", "ipywidgets==7.7.1"]
 
 # executed by the fresh environment's Python: simulate Colab, point the install line at the wheel, run all
 RUNNER = r"""
@@ -93,6 +95,7 @@ def test_chapter_1_colab_copy_in_a_fresh_environment(tmp_path, mirror_folder):  
         finally:
             server.shutdown()
             server.server_close()
+        frozen = run(str(python), "-m", "pip", "list", "--format=freeze", env=env)
     finally:
         shutil.rmtree(venv, ignore_errors=True)
 
@@ -104,3 +107,7 @@ def test_chapter_1_colab_copy_in_a_fresh_environment(tmp_path, mirror_folder):  
     assert "mnist/raw/t10k-images-idx3-ubyte" in fetched and "weights/mnist-cnn-20-50-500.pt" in fetched, fetched
     errors = [o for c in executed.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, json.dumps(errors)[:2000]
+    installed = {k.lower().replace("_", "-"): v for k, v in (line.split("==", 1) for line in frozen.splitlines()
+                                                               if "==" in line)}
+    assert "myst-nb" not in installed and "sphinx" not in installed, "the light install brings HTML-only packages"
+    assert installed.get("ipywidgets") == "7.7.1", f"Colab's ipywidgets 7 was changed to {installed.get('ipywidgets')}"

@@ -469,7 +469,8 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
     with torch.no_grad():
         for start in range(0, probes, chunk):
             k = min(chunk, probes - start)
-            r = torch.randint(0, 2, (k, *x.shape), generator=generator, device=x.device).to(x.dtype) * 2 - 1
+            where = generator.device if generator is not None else x.device  # a CPU generator serves CUDA too
+            r = torch.randint(0, 2, (k, *x.shape), generator=generator, device=where).to(x) * 2 - 1
             sq = torch.func.vmap(along)(r).square()  # (k, N, U)
             group = torch.arange(start, start + k, device=x.device) // per_group
             group_sum.index_add_(0, group, sq)

@@ -283,7 +283,7 @@ def _tensors(args, kwargs) -> Iterator[Tensor]:
 
 def _user_frame() -> str:
     """The innermost stack frame outside torch and dualview.gates: where the model's code made the call."""
-    torch_dir = torch.__file__.rsplit("/", 1)[0]
+    torch_dir = torch.__file__.rsplit("/", 1)[0] + "/"  # (not torchvision/)
     for frame in reversed(traceback.extract_stack()[:-2]):
         if not frame.filename.startswith(torch_dir) and not frame.filename.endswith("dualview/gates.py"):
             return f'{frame.filename}:{frame.lineno} ("{(frame.line or "").strip()}")'

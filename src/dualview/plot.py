@@ -1,18 +1,25 @@
 """Shared figure helpers: red/blue heatmaps, images, grids of both, and drawings of (active) sub-networks."""
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import base64
+import io
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib.animation import FuncAnimation
 from matplotlib.collections import LineCollection
+from matplotlib.figure import Figure
 from torch import Tensor, nn
 
 from dualview.gates import record_gates
 from dualview.paths import fc_layers
 
-__all__ = ["heatmap", "show_image", "image_grid", "heatmap_grid", "draw_network"]
+__all__ = ["heatmap", "show_image", "image_grid", "heatmap_grid", "draw_network", "animate", "Animation"]
 
 
 def _np(a) -> np.ndarray:
@@ -178,3 +185,149 @@ def draw_network(model: nn.Module, x: Tensor | None = None, ax=None, title: str 
     if title:
         ax.set_title(title)
     return ax
+
+
+# matplotlib's jshtml player draws its buttons with Font Awesome icons loaded from a CDN; offline they would
+# be blank, so :func:`animate` replaces each icon by a character every font has and drops the stylesheet link
+_OFFLINE_ICONS = {"fa fa-minus": "&minus;", "fa fa-fast-backward": "|&#9664;&#9664;",
+                  "fa fa-step-backward": "|&#9664;", "fa fa-play fa-flip-horizontal": "&#9664;",
+                  "fa fa-pause": "&#10074;&#10074;", "fa fa-play": "&#9654;",
+                  "fa fa-step-forward": "&#9654;|", "fa fa-fast-forward": "&#9654;&#9654;|",
+                  "fa fa-plus": "+"}
+_FRAME = re.compile(r'"data:image/png;base64,([^"]+)"')
+_EXTERNAL = re.compile(r"""(?:href|src)\s*=\s*["']?(?:https?:)?//""", re.I)
+
+
+def _palette_png(png: bytes, colors: int | None) -> bytes:
+    """``png`` with its colours reduced to a palette of ``colors`` (a figure of lines and text needs few;
+    the file shrinks about fourfold); ``None`` keeps it as it is."""
+    if colors is None:
+        return png
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.open(io.BytesIO(png)).convert("RGB").quantize(colors=colors).save(out, format="png", optimize=True)
+    return out.getvalue()
+
+
+def _offline_player(html: str, alt: str) -> str:
+    """The jshtml player with its icons as characters, no external stylesheet, and ``alt`` on its image."""
+    html = re.sub(r"<link[^>]*font-awesome[^>]*>", "", html)
+
+    def icon(m: re.Match) -> str:
+        if m.group(1) not in _OFFLINE_ICONS:
+            raise RuntimeError(f"matplotlib's jshtml player uses an icon plot.animate does not know "
+                               f"({m.group(1)!r}); add it to plot._OFFLINE_ICONS")
+        return f'<span aria-hidden="true">{_OFFLINE_ICONS[m.group(1)]}</span>'
+
+    html = re.sub(r'<i class="([^"]*)"></i>', icon, html)
+    escaped = alt.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+    html, n = re.subn(r"<img id=", f'<img alt="{escaped}" id=', html)
+    if n != 1 or _EXTERNAL.search(html):
+        raise RuntimeError("matplotlib's jshtml player changed: plot.animate expects one <img> and no "
+                           "external link after its replacements; update plot._offline_player")
+    return html
+
+
+@dataclass(eq=False)
+class Animation:
+    """Precomputed frames of a figure, shown with a slider and play buttons (see :func:`animate`).
+
+    ``html`` is the player: every frame embedded as a base64 PNG, with its own JavaScript and no link to
+    the network, so it works in a static page. Displayed in a running Jupyter kernel with ``ipywidgets``
+    installed, the output also offers :meth:`widget` (the same frames drawn live on request), which a
+    notebook front end shows instead; the book's HTML build renders the player (``_config.yml`` ranks
+    ``text/html`` above widget views).
+    """
+
+    html: str = field(repr=False)
+    n_frames: int
+    alt: str
+    draw: Callable[[Figure, int], object] = field(repr=False)
+    figsize: tuple[float, float] = (6.0, 3.0)
+    dpi: float = 72.0
+    interval: int = 200
+    colors: int | None = 64
+
+    @property
+    def frames(self) -> list[bytes]:
+        """The embedded frames, decoded (PNG bytes, in order)."""
+        # b64decode skips the line breaks (a backslash and a newline) in matplotlib's frames
+        return [base64.b64decode(f) for f in _FRAME.findall(self.html)]
+
+    def frame_png(self, index: int) -> bytes:
+        """Draw frame ``index`` afresh and return it as PNG bytes (what the live widget shows)."""
+        if not 0 <= index < self.n_frames:
+            raise IndexError(f"frame {index} does not exist: the animation has frames 0 to "
+                             f"{self.n_frames - 1}")
+        fig = Figure(figsize=self.figsize, dpi=self.dpi)
+        self.draw(fig, index)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=self.dpi)
+        return _palette_png(buf.getvalue(), self.colors)
+
+    def widget(self):
+        """The same exploration as a live ipywidgets control (ipywidgets 7 or 8): a play button and a
+        slider; each frame is drawn by the kernel when the slider reaches it."""
+        import ipywidgets as widgets
+
+        image = widgets.Image(value=self.frame_png(0), format="png")
+        slider = widgets.IntSlider(value=0, min=0, max=self.n_frames - 1, description="frame")
+        play = widgets.Play(value=0, min=0, max=self.n_frames - 1, interval=self.interval)
+        widgets.jslink((play, "value"), (slider, "value"))
+        slider.observe(lambda change: setattr(image, "value", self.frame_png(change["new"])), names="value")
+        return widgets.VBox([widgets.HBox([play, slider]), image])
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        data = {"text/plain": f"<Animation: {self.n_frames} frames; {self.alt}>", "text/html": self.html}
+        try:
+            from IPython import get_ipython
+            import ipywidgets  # noqa: F401
+        except ImportError:  # no kernel or no ipywidgets: the player alone
+            return data
+        if getattr(get_ipython(), "kernel", None) is None:
+            return data
+        live = self.widget()
+        data["application/vnd.jupyter.widget-view+json"] = {"version_major": 2, "version_minor": 0,
+                                                            "model_id": live.model_id}
+        return data
+
+
+def animate(draw: Callable[[Figure, int], object], n_frames: int, *, alt: str,
+            figsize: tuple[float, float] = (6.0, 3.0), dpi: float = 72.0, interval: int = 200,
+            colors: int | None = 64, max_mb: float = 2.0) -> Animation:
+    """A figure that moves in a static page: ``draw(fig, i)`` draws frame ``i`` on an empty figure.
+
+    Renders the ``n_frames`` frames once with matplotlib's ``FuncAnimation.to_jshtml`` (a slider, play
+    buttons, the frames embedded as PNGs; its CDN icons replaced by characters so nothing is fetched)
+    and returns an :class:`Animation` that a notebook displays. ``alt`` says what the frames show (the
+    image's alt text); ``interval`` is the time between frames in milliseconds. The page carries every
+    frame, so keep ``n_frames``, ``figsize`` and ``dpi`` small: each frame is stored with a palette of
+    ``colors`` colours (``None``: full colour), and a player larger than ``max_mb`` megabytes is refused.
+    """
+    if not isinstance(n_frames, int) or n_frames < 2:
+        raise ValueError(f"animate needs at least 2 frames (an int), got {n_frames!r}")
+    if colors is not None and not 2 <= colors <= 256:
+        raise ValueError(f"colors is the size of each frame's palette, 2 to 256 (or None), got {colors}")
+    if not alt or not alt.strip():
+        raise ValueError("animate needs an alt text that says what the frames show (alt='...')")
+    fig = Figure(figsize=figsize, dpi=dpi)  # not a pyplot figure: the notebook does not show it as a PNG
+
+    def update(i):
+        fig.clear()
+        draw(fig, i)
+        return []
+
+    anim = FuncAnimation(fig, update, frames=n_frames, init_func=lambda: [], interval=interval,
+                         repeat=False)
+    with matplotlib.rc_context({"savefig.dpi": dpi, "animation.embed_limit": 4 * max_mb + 1,
+                                "animation.frame_format": "png"}):
+        html = anim.to_jshtml()
+    html = _FRAME.sub(lambda m: '"data:image/png;base64,' + base64.b64encode(
+        _palette_png(base64.b64decode(m.group(1)), colors)).decode("ascii") + '"', html)
+    result = Animation(_offline_player(html, alt), n_frames, alt, draw, tuple(figsize), dpi, interval, colors)
+    size_mb = len(result.html) / 2**20
+    if size_mb > max_mb or len(result.frames) != n_frames:
+        raise ValueError(f"the animation's player is {size_mb:.1f} MB for {n_frames} frames (limit "
+                         f"max_mb={max_mb}): use fewer frames, a smaller figsize or a lower dpi")
+    return result

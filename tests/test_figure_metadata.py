@@ -71,13 +71,13 @@ def plotting_cells(nb: nbformat.NotebookNode) -> list[int]:
     return found
 
 
-def _animation_alt(source: str) -> bool:
-    """Whether the cell calls plot.animate with a non-empty alt= text."""
+def _animation_alt(source: str, keyword: str = "alt") -> bool:
+    """Whether the cell calls plot.animate with a non-empty ``keyword`` (alt= or caption=) text."""
     for call in _calls(ast.parse(source), into_definitions=False):
         f = call.func
         if isinstance(f, ast.Attribute) and f.attr == "animate":
             for kw in call.keywords:
-                if kw.arg == "alt" and not (isinstance(kw.value, ast.Constant) and not kw.value.value):
+                if kw.arg == keyword and not (isinstance(kw.value, ast.Constant) and not kw.value.value):
                     return True
     return False
 
@@ -93,8 +93,8 @@ def figure_problems(nb: nbformat.NotebookNode, number: str) -> list[str]:
         options = cell.metadata.get("mystnb", {})
         figure, image = options.get("figure", {}), options.get("image", {})
         caption, alt, name = figure.get("caption"), image.get("alt"), figure.get("name")
-        if not (isinstance(caption, str) and caption.strip()):
-            problems.append(f"{where}: no mystnb.figure.caption")
+        if not (isinstance(caption, str) and caption.strip()) and not _animation_alt(cell.source, "caption"):
+            problems.append(f"{where}: no mystnb.figure.caption (an animation: plot.animate(caption=...))")
         if not (isinstance(alt, str) and alt.strip()) and not _animation_alt(cell.source):
             problems.append(f"{where}: no mystnb.image.alt")
         elif isinstance(alt, str) and FILE_NAME.search(alt):

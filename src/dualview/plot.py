@@ -293,7 +293,7 @@ class Animation:
         return data
 
 
-def animate(draw: Callable[[Figure, int], object], n_frames: int, *, alt: str,
+def animate(draw: Callable[[Figure, int], object], n_frames: int, *, alt: str, caption: str = "",
             figsize: tuple[float, float] = (6.0, 3.0), dpi: float = 72.0, interval: int = 200,
             colors: int | None = 64, max_mb: float = 2.0) -> Animation:
     """A figure that moves in a static page: ``draw(fig, i)`` draws frame ``i`` on an empty figure.
@@ -301,7 +301,9 @@ def animate(draw: Callable[[Figure, int], object], n_frames: int, *, alt: str,
     Renders the ``n_frames`` frames once with matplotlib's ``FuncAnimation.to_jshtml`` (a slider, play
     buttons, the frames embedded as PNGs; its CDN icons replaced by characters so nothing is fetched)
     and returns an :class:`Animation` that a notebook displays. ``alt`` says what the frames show (the
-    image's alt text); ``interval`` is the time between frames in milliseconds. The page carries every
+    image's alt text); ``caption``, if given, is shown under the player as the caption of an HTML
+    ``<figure>`` (the book's numbered figure captions apply only to image outputs, so an animation's caption
+    reads "Animation." and its text); ``interval`` is the time between frames in milliseconds. The page carries every
     frame, so keep ``n_frames``, ``figsize`` and ``dpi`` small: each frame is stored with a palette of
     ``colors`` colours (``None``: full colour), and a player larger than ``max_mb`` megabytes is refused.
     """
@@ -325,7 +327,12 @@ def animate(draw: Callable[[Figure, int], object], n_frames: int, *, alt: str,
         html = anim.to_jshtml()
     html = _FRAME.sub(lambda m: '"data:image/png;base64,' + base64.b64encode(
         _palette_png(base64.b64decode(m.group(1)), colors)).decode("ascii") + '"', html)
-    result = Animation(_offline_player(html, alt), n_frames, alt, draw, tuple(figsize), dpi, interval, colors)
+    html = _offline_player(html, alt)
+    if caption.strip():
+        text = caption.strip().replace("&", "&amp;").replace("<", "&lt;")
+        html = (f'<figure class="dualview-animation">{html}<figcaption><p><span class="caption-number">'
+                f"Animation. </span>{text}</p></figcaption></figure>")
+    result = Animation(html, n_frames, alt, draw, tuple(figsize), dpi, interval, colors)
     size_mb = len(result.html) / 2**20
     if size_mb > max_mb or len(result.frames) != n_frames:
         raise ValueError(f"the animation's player is {size_mb:.1f} MB for {n_frames} frames (limit "

@@ -52,7 +52,8 @@ class _OutputImages(HTMLParser):
         self.stack.append((tag, attrs.get("class") or ""))
         if tag == "figure":
             self.figures.append({"caption": "", "number": "", "images": 0,
-                                 "in_output": self._inside("div", "cell_output")})
+                                 "in_output": self._inside("div", "cell_output"),
+                                 "animation": "dualview-animation" in (attrs.get("class") or "").split()})
 
     def handle_startendtag(self, tag, attrs):
         self.handle_starttag(tag, attrs)
@@ -103,7 +104,7 @@ def image_problems(html: str) -> list[str]:
             problems.append(f"{where} is not in a <figure> (give its cell mystnb.figure metadata)")
         else:
             number = " ".join(figure["number"].split())
-            if not re.search(r"\d", number):
+            if not re.search(r"\d", number) and not figure["animation"]:  # plot.animate's "Animation."
                 problems.append(f"{where}: its figure has no number (Sphinx's numfig off?)")
             if not figure["caption"].replace(figure["number"], "").strip():
                 problems.append(f"{where}: its figure has an empty caption")

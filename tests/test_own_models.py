@@ -339,3 +339,16 @@ def test_failure_8_inplace_relu_whose_input_is_read_again():
     inactive = (q <= 0).double()
     omega = (inactive * q / w.square().sum(-1)).unsqueeze(-1).mul(w).sum(1) / inactive.sum(1, keepdim=True)
     torch.testing.assert_close(projections.insens(model, x).omega, omega)
+
+
+@pytest.mark.parametrize("make,name", [
+    (lambda: nn.Sequential(nn.Linear(4, 6), nn.ReLU6(), nn.Linear(6, 2)), "ReLU6"),
+    (lambda: nn.Sequential(nn.Linear(4, 6), nn.Hardtanh(0.0, 6.0), nn.Linear(6, 2)), "Hardtanh"),
+    (lambda: mlp_with(F.relu6), "relu6"),
+    (lambda: mlp_with(lambda h: F.hardtanh(h, 0.0, 6.0)), "hardtanh"),
+    (lambda: mlp_with(lambda h: h.clamp(0, 6)), "clamp"),
+])
+def test_hard_clipped_relus_are_refused_by_name(make, name):
+    """ReLU6 and other hard-clipped ReLUs are not supported exactly yet: refused, never taken as ReLUs."""
+    with pytest.raises(Unsupported, match=name):
+        gates.record_gates(make().eval(), torch.randn(2, 4))

@@ -216,7 +216,8 @@ class GatedNetwork(nn.Module):
     :class:`DeepGating` / :class:`ShallowGating`. Both are copied, yours are never modified; the copy of
     ``value`` gets a :class:`GaLU` in place of each ReLU, the copy of ``gating`` has its in-place ReLUs turned
     off (so torchvision models can serve as gating networks). Networks without ``nn.ReLU`` modules (a
-    functional ``F.relu`` in ``forward``) are refused: their gates cannot be read or imposed. ``frozen=True`` (pretrained or fixed gates) keeps
+    functional ``F.relu`` in ``forward``) are refused: their gates cannot be read or imposed.
+    ``frozen=True`` (pretrained or fixed gates) keeps
     the gating network in eval mode without gradients: ``GatedNetwork(value, gating)`` runs ``value`` with
     the fixed gates of ``gating``, whose NTK in the value weights (``empirical_ntk(..., params="value")``)
     the NPK theorems describe (Section 2 of :cite:`lakshminarayanan2022explicitising`). :func:`build`

@@ -52,7 +52,8 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
-    "GATE_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces", "unregister_linear_layer",
+    "GATE_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
+    "unregister_linear_layer",
     "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates", "active_share",
 ]
 
@@ -107,7 +108,8 @@ def unregister_linear_layer(*classes: type[nn.Module]) -> None:
     """Undo :func:`register_linear_layer` for ``classes`` (the built-in layers cannot be removed)."""
     for cls in classes:
         if cls in _BUILTIN_LINEAR:
-            raise ValueError(f"{cls.__name__} is a built-in linear layer of dualview; it cannot be unregistered")
+            raise ValueError(f"{cls.__name__} is a built-in linear layer of dualview; "
+                             "it cannot be unregistered")
         if cls in _LINEAR_LAYERS:
             _LINEAR_LAYERS.remove(cls)
         _UNVERIFIED.discard(cls)
@@ -132,7 +134,8 @@ def _check_affine(module: nn.Module, x: Tensor, label: str | None = None) -> Non
         raise UnsupportedLayerError(
             f"'{name}' ({type(module).__name__}) was registered as a linear layer but is not affine: "
             f"f(0.3 a + 0.7 b) differs from 0.3 f(a) + 0.7 f(b) by "
-            f"{float((lhs - rhs).abs().max()):.3g} on random inputs. Normalisations by statistics of the input "
+            f"{float((lhs - rhs).abs().max()):.3g} on random inputs. Normalisations by statistics of the "
+            "input "
             "(LayerNorm, GroupNorm, BatchNorm without running statistics) and activations are not linear; "
             "unregister it with dualview.gates.unregister_linear_layer.")
 
@@ -176,7 +179,8 @@ def check_supported(model: nn.Module) -> None:
             if base is not None and not declared and type(module).forward is not base.forward:
                 raise UnsupportedLayerError(
                     f"layer '{label}' ({type(module).__name__}) subclasses {base.__name__} but overrides its "
-                    f"forward, so it need not compute what a {base.__name__} computes (a gate is recognised by "
+                    f"forward, so it need not compute what a {base.__name__} computes "
+                    "(a gate is recognised by "
                     "what it computes, not by its class): use the plain layer, or make it a module whose "
                     "forward calls supported layers.")
         elif any(p is not None for p in module._parameters.values()):
@@ -527,7 +531,8 @@ class _Guard(TorchFunctionMode):
             return None if len(dep) <= 1 else "it multiplies two tensors that both depend on the input"
         if kind == "division":
             first = args[0] if args else None
-            return None if len(dep) == 1 and first is dep[0] else "it divides by a tensor that depends on the input"
+            return None if len(dep) == 1 and first is dep[0] else \
+                "it divides by a tensor that depends on the input"
         if kind == "read":
             return ("it reads a tensor that depends on the input into Python (or detaches it), so what "
                     "follows can switch on the input unseen")
@@ -563,7 +568,8 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     ``name#1``, ... for a module called more than once in one forward), hands an in-place ReLU's input
     over before it is overwritten, and, during the model's own forward only (not in the rest of the
     ``with`` body), refuses every operation on input-dependent tensors that is not known to be linear
-    (the whitelist of :class:`_Guard`; a functional ReLU only where a rule accepts it). Call the model itself, not a submodule, inside the block. Blocks on
+    (the whitelist of :class:`_Guard`; a functional ReLU only where a rule accepts it).
+    Call the model itself, not a submodule, inside the block. Blocks on
     the same model (or a module of it) do not nest: combine the rules in one block instead.
     :func:`record_gates`, :func:`run_with_gates`, path counting and excitation pullbacks are built on it.
     """
@@ -696,7 +702,8 @@ def check_reproduces(what: str, terms: Tensor, bias: Tensor, output: Tensor) -> 
         worst = int((err - tol).flatten().argmax())
         raise UnsupportedLayerError(
             f"{what} does not reproduce the network at x: <w, x> + b = {float(lhs.flatten()[worst]):.6g} but "
-            f"the network gives {float(output.flatten()[worst]):.6g} (tolerance {float(tol.flatten()[worst]):.2g}). "
+            f"the network gives {float(output.flatten()[worst]):.6g} "
+            f"(tolerance {float(tol.flatten()[worst]):.2g}). "
             "The network is not affine once its gates are fixed: it computes something dualview does not "
             "see (a non-linearity it does not know). This is refused rather than returned wrong; please "
             "report the model.")

@@ -56,7 +56,8 @@ class _SurrogateReLU(torch.autograd.Function):
     """Forward ``relu(z)``; backward multiplies the incoming gradient by ``sigmoid(z / tau)``."""
 
     @staticmethod
-    def forward(ctx, z: Tensor, temperature: float, out: list | None = None) -> Tensor:  # type: ignore[override]
+    def forward(ctx, z: Tensor, temperature: float,  # type: ignore[override]
+                out: list | None = None) -> Tensor:
         ctx.save_for_backward(z)
         ctx.temperature = temperature
         return F.relu(z) if out is None else out[0].detach()  # out: relu(z) computed already (no second pass)

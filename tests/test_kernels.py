@@ -93,7 +93,8 @@ def test_chunked_equals_unchunked(seed, n1, n2, chunk, normalize):
     x1, x2 = torch.randn(n1, 6, dtype=torch.float64), torch.randn(n2, 6, dtype=torch.float64)
     for fn in (npk_fc.npk_fc, npk_fc.overlap_fc):
         full = fn(net, x1, x2, normalize=normalize)
-        torch.testing.assert_close(fn(net, x1, x2, normalize=normalize, chunk_size=chunk), full, rtol=1e-13, atol=0)
+        # the chunks sum the same float64 terms in another order: equal to rounding
+        torch.testing.assert_close(fn(net, x1, x2, normalize=normalize, chunk_size=chunk), full, rtol=1e-12, atol=0)
     torch.testing.assert_close(npk_fc.npk_fc(net, x1, x2, batch_size=3), npk_fc.npk_fc(net, x1, x2))
 
 

@@ -10,7 +10,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dualview"
 
 # lowest first; a module may import only from layers before its own (and from the package root)
 LAYERS = [
-    ["download"],
+    ["download", "glue"],
     ["data", "stats", "train"],
     ["nets", "splits"],
     ["gates", "zoo"],
@@ -21,15 +21,29 @@ LAYERS = [
     ["npk_fc", "receptive_fields"],
     ["ntk", "npk_conv", "npk_resnet", "hyperplanes", "pullbacks", "projections", "leveling"],
     ["npk", "levels", "explain"],
-    ["plot", "sweep"],
+    ["plot", "sweep", "exercises"],
 ]
+
+
+def _module_level(tree: ast.AST):
+    """The nodes of a module outside its function bodies."""
+    todo = list(ast.iter_child_nodes(tree))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        yield node
+        todo.extend(ast.iter_child_nodes(node))
 
 
 def imports() -> dict[str, set[str]]:
     graph = {}
     for path in SRC.glob("*.py"):
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        # the package root may import inside a function (run on call, not on `import dualview`)
+        nodes = _module_level(tree) if path.stem == "__init__" else ast.walk(tree)
+        for node in nodes:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dualview"):
                 parts = node.module.split(".")
                 if len(parts) > 1:

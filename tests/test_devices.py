@@ -337,6 +337,24 @@ def run_plot():
     return call
 
 
+def run_exercises():
+    from dualview import exercises, paths
+
+    # the student's answer: the library's own count, so the check runs its comparison on random networks
+    return lambda: exercises.check("ex-paths-count", paths.fc_path_count).correct
+
+
+def run_glue():
+    from dualview import glue
+
+    value = torch.ones(3).sum()  # made by the caller, on the CPU
+
+    def glue_a_tensor():
+        glue.glue("device_check", value, display=False)
+        return glue.values["device_check"]
+    return glue_a_tensor
+
+
 def run_projections():
     from dualview import projections
 
@@ -410,7 +428,7 @@ def run_zoo():
 
 MODULES = {
     "architectures": run_architectures, "data": run_data, "dgn": run_dgn, "download": run_download,
-    "explain": run_explain, "gates": run_gates, "hyperplanes": run_hyperplanes, "leveling": run_leveling,
+    "exercises": run_exercises, "explain": run_explain, "gates": run_gates, "glue": run_glue, "hyperplanes": run_hyperplanes, "leveling": run_leveling,
     "levels": run_levels, "metrics": run_metrics, "nets": run_nets, "npk": run_npk, "npk_conv": run_npk_conv,
     "npk_fc": run_npk_fc, "npk_resnet": run_npk_resnet, "ntk": run_ntk, "paths": run_paths, "plot": run_plot,
     "projections": run_projections, "pullbacks": run_pullbacks, "receptive_fields": run_receptive_fields,

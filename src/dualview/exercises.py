@@ -89,8 +89,8 @@ def _check_paths_count(answer) -> tuple[bool, str]:
 
     gen = torch.Generator().manual_seed(0)
     for _ in range(30):
-        depth = int(torch.randint(2, 6, (1,), generator=gen))
-        widths = [int(w) for w in torch.randint(1, 10, (depth,), generator=gen)]
+        depth = int(torch.randint(2, 6, (1,), generator=gen, device="cpu"))
+        widths = [int(w) for w in torch.randint(1, 10, (depth,), generator=gen, device="cpu")]
         if not _close(answer(list(widths)), fc_path_count(widths, bias=True), rel=0):
             return False, f"Your function gives a different count for the layer sizes {widths}."
     return True, "Your function agrees with dualview.paths.fc_path_count on 30 random networks."
@@ -137,7 +137,8 @@ def _check_resnet_count(answer) -> tuple[bool, str]:
 def _check_soft_gate_slope(answer) -> tuple[bool, str]:
     gen = torch.Generator().manual_seed(0)
     for temperature in (0.1, 0.25, 1.0, 3.0):
-        q = (torch.randn(50, generator=gen, dtype=torch.float64) * 2 * temperature).requires_grad_()
+        q = torch.randn(50, generator=gen, dtype=torch.float64, device="cpu") * 2 * temperature
+        q.requires_grad_()
         (expected,) = torch.autograd.grad(torch.sigmoid(q / temperature).sum(), q)
         got = torch.as_tensor(answer(q.detach().clone(), temperature), dtype=torch.float64)
         if got.shape != q.shape or not torch.allclose(got, expected, rtol=1e-5, atol=1e-8):

@@ -13,7 +13,7 @@ values: dict[str, Any] = {}
 
 
 def glue(name: str, variable: Any, display: bool = True) -> None:
-    """Glue ``variable`` under ``name``: with myst-nb, :func:`myst_nb.glue` (the book's text shows it);
+    """Glue ``variable`` under ``name``: with myst-nb, ``myst_nb.glue`` (the book's text shows it);
     without it, record it in :data:`values` and show it if ``display``."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a glued value needs a non-empty string name, got {name!r}")

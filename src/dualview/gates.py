@@ -335,8 +335,9 @@ class Rule:
         return None
 
     def relu_output(self, site: str, module: nn.Module, q: Tensor, out: Tensor | None) -> Tensor | None:
-        """What :func:`instrument` calls at each ReLU call: :meth:`relu`, unless a rule can reuse the
-        module's output ``out = relu(q)`` (``None`` for an in-place ReLU, whose output overwrote ``q``)."""
+        """What :func:`dualview.gates.instrument` calls at each ReLU call:
+        :meth:`dualview.gates.Rule.relu`, unless a rule can reuse the module's output ``out = relu(q)``
+        (``None`` for an in-place ReLU, whose output overwrote ``q``)."""
         return self.relu(site, module, q)
 
     def max_pool(self, site: str, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:

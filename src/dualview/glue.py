@@ -1,6 +1,6 @@
 """``glue``: hand a value computed in a chapter to the chapter's prose, with or without the book's build.
 
-The book's build (myst-nb) shows glued values in the text (``{glue:text}`name```). In a plain Jupyter or
+The book's build (myst-nb) shows glued values in the text (through its ``glue:text`` role). In a plain Jupyter or
 Colab kernel, where myst-nb is not installed (the light ``dualview[book]`` install), :func:`glue` keeps the
 value in :data:`values` and, with ``display=True``, shows it as any cell output would.
 """

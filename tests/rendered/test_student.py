@@ -37,13 +37,18 @@ def _squash(text: str) -> str:
 def block_lines(block: str, html: bool) -> list[str]:
     """The lines of a MyST block, long enough to be specific, that a rendering keeps verbatim: code lines
     of code cells, and prose lines without markup (HTML) or without MyST roles (the plain notebooks)."""
-    lines, in_code = [], False
+    lines, in_code, in_metadata, first = [], False, False, False
     for line in block.splitlines():
         stripped = line.strip()
         if stripped.startswith("```"):
-            in_code = stripped.startswith("```{code-cell")
+            in_code = first = stripped.startswith("```{code-cell")
             continue
-        if stripped.startswith(":") or len(stripped) < MIN_LENGTH:
+        # a code cell's YAML metadata block (between --- lines at its top) is not shown as text
+        if in_code and stripped == "---" and (first or in_metadata):
+            in_metadata, first = not in_metadata, False
+            continue
+        first = False
+        if in_metadata or stripped.startswith(":") or len(stripped) < MIN_LENGTH:
             continue
         if in_code or not (MARKUP if html else ROLE).search(stripped):
             lines.append(_squash(stripped))

@@ -37,10 +37,9 @@ pre-activation is the constant ``b_i`` near ``x``, it has no centre and no sensi
 (``InsensResult.n_cut_off`` counts them). Its decomposition is all zeros, so Eq. 5 holds for it only
 when ``q_i = 0``.
 
-Limitation: an in-place ``nn.ReLU(inplace=True)`` whose *input* tensor is read again later in
-``forward`` (e.g. ``self.relu(x) + x``) changes that tensor inside the frozen network too, with the
-gates of the frozen pass rather than ``x``'s; such models give wrong switched weights. In-place
-ReLUs whose input is not reused (the usual ``out = self.relu(out)``) are fine.
+An in-place ``nn.ReLU(inplace=True)`` whose *input* tensor is read again later in ``forward`` (e.g.
+``self.relu(x) + x``) is handled as PyTorch computes it: the later read gets the ReLU's output
+(:mod:`dualview.gates` does the same inside the frozen network).
 """
 from __future__ import annotations
 

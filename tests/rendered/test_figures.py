@@ -94,8 +94,9 @@ def image_problems(html: str) -> list[str]:
     parsed = _parse(html)
     # myst-nb gives the cell's figure caption to every display output of the cell: a caption on a text
     # output means the cell shows something besides its figure (e.g. a last line without a semicolon)
-    problems = [f"a figure caption on an output that is not an image ({caption[:70]!r}): end the cell's "
-                "last line with ';' or move the other output to its own cell"
+    problems = [f"a figure caption on an output that is not an image ({caption[:70]!r}): assign the "
+                "cell's last value (`_ = ...`: under nbval IPython ignores a final ';') or move the "
+                "other output to its own cell"
                 for caption in parsed.empty_figures]
     for img in parsed.images:
         where = f"<img src={img['src'][:80]!r}>"

@@ -80,3 +80,18 @@ def test_bad_settings_get_clear_errors():
         projections.insens_estimate(model, x, probes=0)
     with pytest.raises(ValueError, match="level"):
         projections.insens_estimate(model, x, probes=8, groups=4).interval(1.5)
+
+
+def test_forward_mode_passes_show_no_torch_warning():
+    # PyTorch's first forward-mode pass in a process warns that torch.jit.script is deprecated (its own
+    # decompositions); the library silences exactly that warning, so a fresh process must show none
+    import subprocess
+    import sys
+
+    code = ("import torch; from torch import nn; from dualview import projections\n"
+            "net = nn.Sequential(nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 2)).eval()\n"
+            "projections.insens_estimate(net, torch.rand(2, 4), probes=4, groups=2)\n"
+            "projections.insens(net, torch.rand(2, 4))\n")
+    run = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]

@@ -197,7 +197,7 @@ def _jacobian_chunks(model, x, rec, names, chunk_size):
         return tuple(q[name].flatten(1) for name in names)
 
     def column(tangent):
-        return torch.func.jvp(frozen, (zero,), (tangent,))[1]
+        return receptive_fields.jvp(frozen, zero, tangent)
 
     for coord in torch.arange(d, device=x.device).split(k):
         basis = torch.zeros(len(coord), d, dtype=x.dtype, device=x.device)
@@ -460,7 +460,7 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
         return torch.cat([pre[k].flatten(1) for k in names], 1)
 
     def along(tangent):
-        return torch.func.jvp(frozen, (torch.zeros_like(x),), (tangent,))[1]
+        return receptive_fields.jvp(frozen, torch.zeros_like(x), tangent)
 
     group_sum = x.new_zeros(groups, *q.shape)  # sum of (w_i . r)^2 over each group's probes
     fourth = x.new_zeros(q.shape)  # sum of (w_i . r)^4, for the sample variance over probes

@@ -16,13 +16,24 @@ of ``Linear``/``ReLU``/``Dropout``.
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["ConvPlan", "conv_plan", "sq_norms"]
+__all__ = ["ConvPlan", "conv_plan", "jvp", "sq_norms"]
+
+
+def jvp(fn, primal: Tensor, tangent: Tensor) -> Tensor:
+    """``torch.func.jvp(fn, (primal,), (tangent,))[1]``: the forward-mode derivative of ``fn`` at
+    ``primal`` along ``tangent``. PyTorch's first forward-mode pass in a process loads its decompositions
+    with ``torch.jit.script``, which warns that it is deprecated; that warning is PyTorch's own business,
+    not the caller's, and is silenced here (only that one)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`torch.jit.script` is deprecated", category=FutureWarning)
+        return torch.func.jvp(fn, (primal,), (tangent,))[1]
 
 
 @dataclass
@@ -216,7 +227,7 @@ def sq_norms(x: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor
         elif not isinstance(m, (nn.Dropout, nn.Identity)):  # point-wise affine (BatchNorm, Normalize)
             cc, hh, ww = t.shape[-1], *t.shape[4:6]
             tangent = t.reshape(-1, hh, ww, cc).permute(0, 3, 1, 2)
-            lin = torch.func.jvp(m, (torch.zeros_like(tangent),), (tangent,))[1]
+            lin = jvp(m, torch.zeros_like(tangent), tangent)
             t = lin.permute(0, 2, 3, 1).reshape(*t.shape[:-1], lin.shape[1])
         if isinstance(m, _WINDOWED):
             _, stride, pad, _ = _window(m)

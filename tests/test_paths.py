@@ -234,3 +234,33 @@ def test_unit_network_sums_the_input_over_its_paths():
     assert all(bool((m.weight == 1).all()) and bool((m.bias == 0).all())
                for m in unit.modules() if isinstance(m, nn.Linear))
     assert not bool((model[0].weight == 1).all())             # the original is untouched
+
+
+def test_unit_network_has_no_batchnorm_with_eps_zero(monkeypatch):
+    # a BatchNorm of unit weight, zero mean and unit variance is the identity; PyTorch 2.11 refuses eps <= 0
+    # even in eval mode, so the unit network must not get there by setting eps = 0
+    torch.manual_seed(0)
+    with_bn = nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                            nn.Linear(12, 5), nn.BatchNorm1d(5), nn.ReLU(), nn.Linear(5, 2)).eval()
+    with torch.no_grad():
+        for m in with_bn.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.running_mean.normal_()
+                m.running_var.uniform_(0.5, 2)
+    without_bn = nn.Sequential(*[m for m in with_bn if not isinstance(m, nn.modules.batchnorm._BatchNorm)])
+    unit = paths.unit_network(with_bn)
+    assert all(m.eps > 0 for m in unit.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm))
+    batch_norm = torch.nn.functional.batch_norm
+
+    def strict(*args, **kwargs):  # PyTorch 2.11's F.batch_norm
+        eps = kwargs.get("eps", args[7] if len(args) > 7 else 1e-5)
+        if eps <= 0:
+            raise ValueError(f"batch_norm eps must be positive, but got {eps}")
+        return batch_norm(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "batch_norm", strict)
+    z = torch.rand(4, 2, 4, 4, dtype=torch.float64) + 0.1
+    with torch.no_grad():
+        out = unit(z)
+        assert torch.equal(out, paths.unit_network(without_bn)(z))  # the same paths, exactly
+    assert with_bn[1].running_var.min() >= 0.5  # the original is untouched

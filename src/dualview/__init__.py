@@ -117,7 +117,8 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
     :func:`smoke_scale`.
     ``device`` ``None`` picks :func:`default_device`. Seeds everything with ``seed``, glues the
     profile's name as ``"profile"`` for the chapter's prose (when run by the book's notebook engine),
-    shows figures at twice the resolution in a notebook (``sharp_figures``)
+    shows figures at twice the resolution in a notebook (``sharp_figures``), on CUDA turns TF32 off
+    (:func:`dualview.gates.tf32_off`: the chapters check identities to float32 precision)
     and prints one line saying what runs where. Use it as
     ``SIZES, device = dualview.setup(PROFILE, SEED, DEVICE, sizes={"cpu": {...}, "gpu": {...}}, scale=SCALE)``.
     """
@@ -144,5 +145,10 @@ def setup(profile: str, seed: int, device: str | torch.device | None = None,
 
     glue("profile", profile if scale == "full" else f"{profile}, {scale} scale", display=False)
     where = f"profile {profile!r}" + (f" at {scale} scale" if scale != "full" else "") + f" on {dev}"
+    if dev.type == "cuda":  # TF32 (on by default for convolutions) would break the chapters' exact identities
+        from dualview.gates import tf32_off
+
+        tf32_off()
+        where += " with TF32 off (float32 in full precision)"
     print(f"{where}: {chosen}" if chosen else where)
     return Setup(chosen, dev)

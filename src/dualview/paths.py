@@ -369,15 +369,14 @@ def unit_network(model: nn.Module) -> nn.Module:
     for name, m in list(unit.named_modules()):
         replacement = None
         with torch.no_grad():
-            if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d)):
-                if m.weight is not None:
-                    m.weight.fill_(1.0)
+            if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                # unit weight, no bias, zero mean and unit variance: the identity, exactly (a BatchNorm
+                # with eps = 0 would be one too, but PyTorch 2.11 refuses eps = 0 even in eval mode)
+                replacement = nn.Identity()
+            elif isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+                m.weight.fill_(1.0)
                 if m.bias is not None:
                     m.bias.zero_()
-                if isinstance(m, (nn.BatchNorm1d, nn.BatchNorm2d)):
-                    m.running_mean.zero_()
-                    m.running_var.fill_(1.0)
-                    m.eps = 0.0
             elif isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
                 replacement = _SumPool(m, name)
             elif not list(m.children()) and not isinstance(m, (nn.ReLU, nn.Flatten, nn.Identity, nn.Dropout,

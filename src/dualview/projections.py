@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview import receptive_fields
-from dualview.gates import check_reproduces as _self_check, record_gates, run_with_gates
+from dualview.gates import check_reproduces as _self_check, full_precision, record_gates, run_with_gates
 
 __all__ = [
     "SwitchedProjections",
@@ -212,6 +212,7 @@ def _default_chunk(x: Tensor) -> int:
     return 1024
 
 
+@full_precision()
 def switched_projections(
     model: nn.Module, x: Tensor, layers: list[str] | None = None, chunk_size: int | None = None
 ) -> SwitchedProjections:
@@ -284,6 +285,7 @@ def switched_projections_reference(
 # Insens
 
 
+@full_precision()
 def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure: bool = True) -> InsensResult:
     """Inactive state sensitivity ``Omega(x) = mean_{i: q_i <= 0} q_i w_i / |w_i|^2`` (Eq. 7-8).
 
@@ -425,6 +427,7 @@ def _t_quantile(level: float, df: int) -> float:
     return float(t.ppf((1 + level) / 2, df))
 
 
+@full_precision()
 def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int = 16, chunk: int = 8,
                     generator: torch.Generator | None = None) -> InsensEstimate:
     """Insens (Eq. 7-8 of :cite:`szymanski2020switched`) at a fixed cost: ``probes`` forward-mode passes.

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview.gates import GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, check_batch, check_eval, \
-    check_reproduces, check_supported, instrument, record_gates, run_with_gates
+    check_reproduces, check_supported, full_precision, instrument, record_gates, run_with_gates
 from dualview.metrics import target_classes
 from dualview.surrogates import SurrogateBackward, check_temperature, soft_gates
 
@@ -284,6 +284,7 @@ class GatedLinearModel:
     output: Tensor
 
 
+@full_precision()
 def gated_linear_model(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor, gates: Mapping[str, Tensor],
     pool_indices: Mapping[str, Tensor] | None = None,

@@ -697,8 +697,8 @@ def _tf32_switches() -> list[tuple[object, str, object]]:
     the legacy ``allow_tf32`` flags can raise), else the legacy flags."""
     matmul, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
     if hasattr(matmul, "fp32_precision") and hasattr(getattr(cudnn, "conv", None), "fp32_precision"):
-        return [(matmul, "fp32_precision", "ieee"), (cudnn.conv, "fp32_precision", "ieee"),
-                (cudnn.rnn, "fp32_precision", "ieee")]
+        backends = (matmul, cudnn.conv, getattr(cudnn, "rnn", None))
+        return [(b, "fp32_precision", "ieee") for b in backends if hasattr(b, "fp32_precision")]
     return [(matmul, "allow_tf32", False), (cudnn, "allow_tf32", False)]
 
 

@@ -5,9 +5,9 @@ weights (run with DUALVIEW_DATA=/path/to/shared/data, which only the mirror read
 
 The setup cell runs as in Colab: a stand-in ``google.colab`` module is registered first, and the cell's
 ``git+<repository>@<revision>`` (which needs GitHub) is pointed at the wheel; everything else it installs
-comes from the package registry. Takes one to three minutes (pip installs torch from this machine's
-wheel cache and the book extra's packages from the registry or pip's cache). Colab's ipywidgets 7 is
-preinstalled too: the light install must keep it and bring nothing that only builds the HTML (myst-nb, Sphinx).
+comes from the package registry. Takes one to three minutes (torch and torchvision, with what they need,
+are this environment's own, linked into the new one as Colab's preinstalled copies: `preinstall_torch`;
+the book extra's packages come from the registry or pip's cache). Colab's ipywidgets 7 is preinstalled too: the light install must keep it and bring nothing that only builds the HTML (myst-nb, Sphinx).
 """
 from __future__ import annotations
 
@@ -19,8 +19,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from importlib import metadata
+
 import nbformat
 import pytest
+from packaging.requirements import Requirement
 
 from test_mirror import mirror_folder, offline, serve  # noqa: F401  (mirror_folder is a fixture)
 
@@ -28,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = ROOT / "book" / "01_paths.ipynb"
 # what Colab has preinstalled and the light install must keep (ipywidgets 7, not upgraded for one slider)
 COLAB_PREINSTALLED = ["torch==2.14.1", "torchvision==0.29.1", "ipykernel", "nbclient", "ipywidgets==7.7.1"]
+# torch and torchvision come from this environment (preinstall_torch); pip checks the pins above against them
 
 # executed by the fresh environment's Python: simulate Colab, point the install line at the wheel, run all
 RUNNER = r"""
@@ -65,6 +69,45 @@ def build_wheel(tmp: Path) -> Path:
     return wheel
 
 
+def preinstall_torch(venv: Path, python: Path, site: Path) -> None:
+    """Make torch and torchvision (and what they need) preinstalled in ``venv``, as on Colab, without
+    unpacking 5.5 GB again: the distributions of this environment, the large top-level folders linked
+    and the rest copied, on a path that a ``.pth`` file adds. pip then sees them as installed.
+
+    Safe for this environment because pip upgrades only what a requirement forces, and every requirement of
+    the light install is met by these versions (this environment has the whole book extra installed).
+    """
+    wanted, todo = set(), ["torch", "torchvision"]
+    while todo:  # the requirements of torch and torchvision, transitively, without extras
+        name = todo.pop()
+        dist = metadata.distribution(name)
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in wanted:
+            continue
+        wanted.add(key)
+        for req in dist.requires or []:
+            req = Requirement(req)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    site.mkdir()
+    for key in sorted(wanted):
+        dist = metadata.distribution(key)
+        root = Path(dist.locate_file(""))
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in sorted(tops):
+            source, target = root / top, site / top
+            if target.exists() or not source.exists():
+                continue
+            if source.is_dir() and top in ("torch", "nvidia", "triton", "cuda", "functorch", "torchgen"):
+                target.symlink_to(source, target_is_directory=True)
+            elif source.is_dir():
+                shutil.copytree(source, target, symlinks=True)
+            else:
+                shutil.copy2(source, target)
+    purelib = run(str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip()
+    (Path(purelib) / "colab_preinstalled.pth").write_text(f"{site}\n")
+
+
 def test_chapter_1_colab_copy_in_a_fresh_environment(tmp_path, mirror_folder):  # noqa: F811
     offline("weights")
     pinned = re.search(r"git\+\S+?@[0-9a-f]{40}", CHAPTER.read_text())
@@ -72,7 +115,7 @@ def test_chapter_1_colab_copy_in_a_fresh_environment(tmp_path, mirror_folder):  
     wheel = build_wheel(tmp_path)
 
     venv = tmp_path / "venv"
-    try:  # the environment takes about 6 GB (torch with its CUDA libraries): removed at the end
+    try:  # removed at the end (torch and its CUDA libraries are linked, not copied: preinstall_torch)
         run(sys.executable, "-m", "venv", str(venv))
         python = venv / "bin" / "python"
         pip_cache = run(sys.executable, "-m", "pip", "cache", "dir").strip()
@@ -80,6 +123,7 @@ def test_chapter_1_colab_copy_in_a_fresh_environment(tmp_path, mirror_folder):  
                if k not in ("DUALVIEW_DATA", "DUALVIEW_MIRROR", "PYTHONPATH", "VIRTUAL_ENV", "JUPYTER_PATH")}
         env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
                    XDG_CACHE_HOME=str(tmp_path / "cache"), PIP_CACHE_DIR=pip_cache, MPLBACKEND="agg")
+        preinstall_torch(venv, python, tmp_path / "colab-site")
         run(str(python), "-m", "pip", "install", "--quiet", *COLAB_PREINSTALLED, env=env)
         assert "dualview" not in run(str(python), "-m", "pip", "list", "--format=freeze", env=env)
 

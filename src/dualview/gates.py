@@ -17,7 +17,8 @@ surrogate backward of excitation pullbacks is :class:`dualview.surrogates.Surrog
 Supported layers (:data:`SUPPORTED_LAYERS`): ``nn.Linear``, ``nn.Conv1d``/``2d`` (any padding mode),
 ``nn.ReLU``, ``nn.MaxPool1d``/``2d``, ``nn.AvgPool1d``/``2d``, ``nn.AdaptiveAvgPool1d``/``2d``,
 ``nn.BatchNorm1d``/``2d`` (eval mode, with running statistics), ``nn.Dropout``/``1d``/``2d`` (eval mode),
-``nn.Flatten``, ``nn.Unflatten``, ``nn.Identity``, zero/constant padding, ``nn.Upsample``, and containers of
+``nn.Flatten``, ``nn.Unflatten``, ``nn.Identity``, zero/constant padding, ``nn.Upsample``, the hard-clipped
+ReLUs ``nn.ReLU6`` and ``nn.Hardtanh(0, t)`` (:data:`CLIPPED_LAYERS`, below), and containers of
 these (``nn.Sequential``, residual blocks whose ``forward`` adds tensors). A subclass that overrides its
 base's ``forward`` is not taken for its base (a gate is recognised by what it computes). Affine layers of
 your own join with :func:`register_linear_layer` (checked for affinity, undoable), or by declaring a
@@ -32,6 +33,16 @@ Anything else (``torch.softmax``, ``F.layer_norm``, ``x.amax``, ``clamp``, ``tor
 input-dependent mask, a product of two activations, ``F.relu`` unless a rule accepts it, ...) raises
 :class:`UnsupportedLayerError` naming the operation, the module and the line of code. An in-place ReLU's
 input read again after the ReLU is given the ReLU's output, as in the real network.
+
+Hard-clipped ReLUs (:data:`CLIPPED_LAYERS`: ``nn.ReLU6``, ``nn.Hardtanh(min_val=0, max_val=t)``) are piecewise
+linear: ``min(max(q, 0), t) = q * G + t * H`` with the gate ``G = 1{0 < q < t}`` (the pass-through piece) and
+the *saturated* piece ``H = 1{q >= t}``, a constant. Both are fixed by ``x`` (the ties at ``q = 0`` and
+``q = t`` as PyTorch's backward takes them: slope 0), so with them held fixed the network is affine again and
+the dual view is exact: :attr:`GateRecord.gates` holds ``G``, :attr:`GateRecord.saturated` holds ``H``, and
+:func:`run_with_gates` outputs ``q * G + t * H`` at such a site (pass ``saturated=``). They are accepted by
+the rules that declare :attr:`Rule.clipped` (recording, imposing gates, the surrogate backward of excitation
+pullbacks), hence by switched projections, Insens and gated linear models; path counts, kernels and gated
+networks are defined for ReLU networks and refuse them. A Hardtanh with ``min_val != 0`` is refused.
 """
 from __future__ import annotations
 
@@ -52,9 +63,10 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
-    "GATE_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
+    "GATE_LAYERS", "CLIPPED_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
     "unregister_linear_layer", "full_precision", "tf32_off",
-    "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates", "active_share",
+    "clip_ceiling", "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates",
+    "active_share",
 ]
 
 
@@ -64,6 +76,10 @@ class UnsupportedLayerError(TypeError):
 
 #: The modules whose calls are gates: each unit passes or blocks its pre-activation.
 GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.ReLU,)
+#: Hard-clipped ReLUs ``min(max(q, 0), t)`` (``nn.ReLU6``; ``nn.Hardtanh`` only with ``min_val = 0``): a
+#: gate ``1{0 < q < t}`` plus a constant saturated piece ``t * 1{q >= t}``, accepted by rules with
+#: ``clipped = True``.
+CLIPPED_LAYERS: tuple[type[nn.Module], ...] = (nn.Hardtanh,)
 #: The max-pools: each window passes its winner, a gate over the window (the winners are recorded).
 POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
 _LINEAR_LAYERS: list[type[nn.Module]] = [
@@ -150,26 +166,51 @@ def _supported_names() -> str:
     return ", ".join(sorted({c.__name__ for c in SUPPORTED_LAYERS()}))
 
 
-def check_supported(model: nn.Module) -> None:
+def clip_ceiling(module: nn.Module, label: str = "") -> float:
+    """The ceiling ``t`` of a hard-clipped ReLU ``min(max(q, 0), t)`` (``nn.ReLU6``: 6); raises
+    :class:`UnsupportedLayerError` for a Hardtanh whose floor is not 0 (not a clipped ReLU)."""
+    lo, hi = float(module.min_val), float(module.max_val)
+    if lo != 0.0 or not hi > 0.0:
+        raise UnsupportedLayerError(
+            f"layer '{label or type(module).__name__}' ({type(module).__name__}) clips to [{lo:g}, {hi:g}]: "
+            "dualview supports hard-clipped ReLUs min(max(q, 0), t) with t > 0 exactly (nn.ReLU6, "
+            "nn.Hardtanh(0, t)), not other floors (its gates would not be those of a ReLU). Use nn.ReLU6 / "
+            "nn.Hardtanh(0.0, t), or an nn.ReLU.")
+    return hi
+
+
+def check_supported(model: nn.Module, clipped: bool = False) -> None:
     """Raise :class:`UnsupportedLayerError` if ``model`` holds a layer dualview cannot handle.
 
     Leaf modules must be supported layers; modules with children must not own parameters of
-    their own (their use would be invisible); BatchNorm and Dropout must be in eval mode.
+    their own (their use would be invisible); BatchNorm and Dropout must be in eval mode. Hard-clipped
+    ReLUs (:data:`CLIPPED_LAYERS`) are accepted with ``clipped=True`` only (by the computations that handle
+    their saturated piece).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
-    supported = SUPPORTED_LAYERS()
+    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
     for name, module in model.named_modules():
         label = name or "<model>"
         children = list(module.children())
         if not children:
             if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
                 continue  # an empty container computes nothing
+            if isinstance(module, CLIPPED_LAYERS) and type(module).forward is nn.Hardtanh.forward:
+                clip_ceiling(module, label)
+                if not clipped:
+                    raise UnsupportedLayerError(
+                        f"layer '{label}' ({type(module).__name__}) is a hard-clipped ReLU: dualview "
+                        "supports it exactly in recorded and imposed gates, excitation pullbacks, gated "
+                        "linear models, switched projections and Insens (a gate plus a constant saturated "
+                        "piece), but not here: path counts, neural path kernels and gated networks are "
+                        "defined for ReLU networks. Use nn.ReLU for these.")
             declared = getattr(type(module), "linear_layer", False)
             if not (isinstance(module, supported) or declared):
                 raise UnsupportedLayerError(
                     f"layer '{label}' ({type(module).__name__}) is not supported: dualview reads "
-                    "gates only from nn.ReLU and nn.MaxPool modules, between linear layers. "
+                    "gates only from nn.ReLU (and hard-clipped nn.ReLU6, nn.Hardtanh(0, t)) and nn.MaxPool "
+                    "modules, between linear layers. "
                     f"Supported layers: {_supported_names()}. If '{label}' computes an affine map, "
                     "declare it with dualview.gates.register_linear_layer; if it is another "
                     "activation (GELU, Tanh, ...), the dual view of ReLU networks does not apply."
@@ -303,16 +344,27 @@ class GateRecord:
     call, named ``name``, ``name#1``, ``name#2``, ... . ``pool_indices[name]`` holds, for a
     max-pool, the flat index (within each channel's input map) of the winner of every window, as
     ``return_indices=True`` gives it. Entries are in the order the forward pass reached them.
+    ``ceilings[name]`` is the ceiling ``t`` of a hard-clipped ReLU call (``nn.ReLU6``: 6), whose gate is
+    ``0 < q < t`` and whose saturated piece is ``q >= t`` (:attr:`saturated`).
     """
 
     output: Tensor
     preactivations: dict[str, Tensor] = field(default_factory=dict)
     pool_indices: dict[str, Tensor] = field(default_factory=dict)
+    ceilings: dict[str, float] = field(default_factory=dict)
 
     @property
     def gates(self) -> dict[str, Tensor]:
-        """``{name: q > 0}`` for every ReLU call (bool tensors)."""
-        return {k: q > 0 for k, q in self.preactivations.items()}
+        """``{name: q > 0}`` for every ReLU call, ``{name: (q > 0) & (q < t)}`` for every hard-clipped ReLU
+        call (bool tensors; the ties get slope 0, as in PyTorch's backward)."""
+        return {k: (q > 0) & (q < self.ceilings[k]) if k in self.ceilings else q > 0
+                for k, q in self.preactivations.items()}
+
+    @property
+    def saturated(self) -> dict[str, Tensor]:
+        """``{name: q >= t}`` for every hard-clipped ReLU call (bool): the units that output the constant
+        ``t``."""
+        return {k: self.preactivations[k] >= t for k, t in self.ceilings.items()}
 
     @property
     def names(self) -> list[str]:
@@ -330,8 +382,14 @@ class Rule:
     output (``None``: keep it). ``site`` names the call as :func:`record_gates` does.
     """
 
+    #: Whether the rule handles hard-clipped ReLUs (:data:`CLIPPED_LAYERS`) at its ReLU sites: their
+    #: output is ``q * G + t * H`` (:func:`clip_ceiling` gives ``t``), not ``q * G``. :func:`instrument`
+    #: refuses models holding them unless every rule says ``True``.
+    clipped: bool = False
+
     def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:
-        """Called at each ReLU call with its pre-activation ``q``."""
+        """Called at each ReLU call (and each hard-clipped ReLU call, for rules with ``clipped = True``)
+        with its pre-activation ``q``."""
         return None
 
     def relu_output(self, site: str, module: nn.Module, q: Tensor, out: Tensor | None) -> Tensor | None:
@@ -353,15 +411,21 @@ class Rule:
 
 class Record(Rule):
     """Record the pre-activation of every ReLU call into ``preactivations`` (a dict of yours, or a new
-    one) and, with ``winners=True``, the winners of every max-pool call into ``pool_indices``."""
+    one), the ceiling ``t`` of every hard-clipped ReLU call into ``ceilings`` and, with ``winners=True``,
+    the winners of every max-pool call into ``pool_indices``."""
+
+    clipped = True
 
     def __init__(self, preactivations: dict[str, Tensor] | None = None, winners: bool = True) -> None:
         self.preactivations = {} if preactivations is None else preactivations
         self.pool_indices: dict[str, Tensor] = {}
+        self.ceilings: dict[str, float] = {}
         self.winners = winners
 
     def relu(self, site, module, q):
         self.preactivations[site] = q
+        if isinstance(module, CLIPPED_LAYERS):
+            self.ceilings[site] = clip_ceiling(module, site)
 
     def max_pool(self, site, module, x, out):
         if self.winners:
@@ -371,26 +435,35 @@ class Record(Rule):
 
 
 class ImposeGates(Rule):
-    """GaLU: every ReLU call ``site`` outputs ``q * gates[site]``; with ``pool_indices``, every max-pool
-    passes the given winners instead of its own maxima. :meth:`check_complete` then says whether every
-    call had its gates and every given gate was used."""
+    """GaLU: every ReLU call ``site`` outputs ``q * gates[site]``, every hard-clipped ReLU call
+    ``q * gates[site] + t * saturated[site]``; with ``pool_indices``, every max-pool passes the given winners
+    instead of its own maxima. :meth:`check_complete` then says whether every call had its gates and every
+    given gate was used."""
 
-    def __init__(self, gates: Mapping[str, Tensor], pool_indices: Mapping[str, Tensor] | None = None) -> None:
-        self.gates, self.pool_indices = gates, pool_indices
+    clipped = True
+
+    def __init__(self, gates: Mapping[str, Tensor], pool_indices: Mapping[str, Tensor] | None = None,
+                 saturated: Mapping[str, Tensor] | None = None) -> None:
+        self.gates, self.pool_indices, self.saturated = gates, pool_indices, saturated or {}
         self.seen: set[str] = set()
         self.missing: list[str] = []
 
     def relu(self, site, module, q):
         self.seen.add(site)
-        if site not in self.gates:
-            self.missing.append(site)
+        clipped = isinstance(module, CLIPPED_LAYERS)
+        if site not in self.gates or (clipped and site not in self.saturated):
+            self.missing.append(site if site not in self.gates else f"{site} (saturated)")
             return None
         g = self.gates[site]
         try:
-            return q * g.to(dtype=q.dtype, device=q.device)
+            out = q * g.to(dtype=q.dtype, device=q.device)
+            if clipped:  # the constant saturated piece t * H
+                h = self.saturated[site].to(dtype=q.dtype, device=q.device)
+                out = out + clip_ceiling(module, site) * h
+            return out
         except RuntimeError as e:
-            raise ValueError(f"gates['{site}'] has shape {tuple(g.shape)}, which does not broadcast against "
-                             f"the pre-activation of shape {tuple(q.shape)}") from e
+            raise ValueError(f"gates['{site}'] (shape {tuple(g.shape)}) or saturated['{site}'] do not "
+                             f"broadcast against the pre-activation of shape {tuple(q.shape)}") from e
 
     def max_pool(self, site, module, x, out):
         self.seen.add(site)
@@ -411,8 +484,9 @@ class ImposeGates(Rule):
         """Raise ``KeyError`` if a call had no gates, or gates were given for a call never reached."""
         if self.missing:
             raise KeyError(f"no gates given for {self.missing}; pass a mapping with one entry per ReLU / "
-                           "max-pool call as record_gates(model, x) names them")
-        extra = (set(self.gates) | set(self.pool_indices or {})) - self.seen
+                           "max-pool call as record_gates(model, x) names them (and, for hard-clipped ReLUs, "
+                           "saturated=record_gates(model, x).saturated: their constant pieces)")
+        extra = (set(self.gates) | set(self.pool_indices or {}) | set(self.saturated)) - self.seen
         if extra:
             raise KeyError(f"gates given for {sorted(extra)}, which the forward pass never reached")
 
@@ -574,15 +648,16 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     the same model (or a module of it) do not nest: combine the rules in one block instead.
     :func:`record_gates`, :func:`run_with_gates`, path counting and excitation pullbacks are built on it.
     """
-    check_supported(model)
     bad = [r for r in rules if not isinstance(r, Rule)]
     if bad:
         raise TypeError(f"instrument expects dualview.gates.Rule objects, got {bad!r}")
+    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules))
     if any(m in _INSTRUMENTED for m in model.modules()):
         raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
                            "do not nest the blocks: pass all rules to one block")
     guard = _Guard(rules)
-    supported = SUPPORTED_LAYERS()
+    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
+    gate_layers = GATE_LAYERS + CLIPPED_LAYERS
     calls: Counter[str] = Counter()
     captured: dict[int, Tensor] = {}
     depth = [0]
@@ -623,7 +698,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
                 guard.internal -= 1
             _UNVERIFIED.discard(type(mod))  # checked once per class
         guard.stack.append((label, mod, trusted))
-        if isinstance(mod, GATE_LAYERS) and mod.inplace:
+        if isinstance(mod, gate_layers) and mod.inplace:
             # an in-place ReLU overwrites its input: it gets a copy, so that its input keeps the
             # pre-activation for the rules; a later read of that input gets the ReLU's output instead
             captured[id(mod)] = args[0]
@@ -656,7 +731,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     try:
         for name, module in model.named_modules():
             label = name or "<model>"
-            post = partial(at_relu, label=label) if isinstance(module, GATE_LAYERS) else \
+            post = partial(at_relu, label=label) if isinstance(module, gate_layers) else \
                 partial(at_pool, label=label) if isinstance(module, POOL_GATE_LAYERS) else pop
             trusted = getattr(type(module), "linear_layer", False) or \
                 (not any(True for _ in module.children()) and isinstance(module, supported))
@@ -770,12 +845,14 @@ def record_gates(model: nn.Module, x: Tensor) -> GateRecord:
     rule = Record()
     with instrument(model, rule):
         out = model(x)
-    return GateRecord(output=out, preactivations=rule.preactivations, pool_indices=rule.pool_indices)
+    return GateRecord(output=out, preactivations=rule.preactivations, pool_indices=rule.pool_indices,
+                      ceilings=rule.ceilings)
 
 
 def run_with_gates(model: nn.Module, x: Tensor, gates: Mapping[str, Tensor],
                    pool_indices: Mapping[str, Tensor] | None = None,
-                   preactivations: dict[str, Tensor] | None = None) -> Tensor:
+                   preactivations: dict[str, Tensor] | None = None,
+                   saturated: Mapping[str, Tensor] | None = None) -> Tensor:
     """Run ``model`` on ``x`` with every ReLU replaced by a GaLU fed the given ``gates``.
 
     Each ReLU call ``name`` outputs ``q * gates[name]`` where ``q`` is its pre-activation on ``x``;
@@ -785,10 +862,12 @@ def run_with_gates(model: nn.Module, x: Tensor, gates: Mapping[str, Tensor],
     winners the output equals ``model(x)``; with those of another input it is that input's active
     sub-network applied to ``x`` (Section 2.2 of :cite:`satkiewicz2025tapping`). A dict passed as
     ``preactivations`` receives the pre-activation ``q`` of every ReLU call, by name
-    (rules :class:`ImposeGates` and :class:`Record`).
+    (rules :class:`ImposeGates` and :class:`Record`). A hard-clipped ReLU call outputs
+    ``q * gates[name] + t * saturated[name]`` (``saturated``: ``record_gates(model, x).saturated`` of the
+    input whose pieces are held fixed; required when the model has such calls).
     """
     check_batch(x)
-    impose = ImposeGates(gates, pool_indices)
+    impose = ImposeGates(gates, pool_indices, saturated)
     rules = (impose,) if preactivations is None else (Record(preactivations, winners=False), impose)
     with instrument(model, *rules):
         out = model(x)
@@ -798,7 +877,7 @@ def run_with_gates(model: nn.Module, x: Tensor, gates: Mapping[str, Tensor],
 
 def active_share(model: nn.Module, x: Tensor, batch_size: int = 500,
                  per_layer: bool = True) -> dict[str, Tensor] | Tensor:
-    """Per input, the share of active gates (ReLU units with ``q > 0``).
+    """Per input, the share of active gates (ReLU units with ``q > 0``; hard-clipped ones with ``0 < q < t``).
 
     ``per_layer=True``: one share per ReLU call, ``{name: (N,) tensor}``; ``per_layer=False``: the
     share over all hidden units of every ReLU call together, a ``(N,)`` tensor (the share of active
@@ -811,9 +890,9 @@ def active_share(model: nn.Module, x: Tensor, batch_size: int = 500,
     sizes: dict[str, int] = {}
     with torch.no_grad():
         for chunk in x.split(batch_size):
-            for name, q in record_gates(model, chunk).preactivations.items():
-                parts.setdefault(name, []).append((q > 0).flatten(1).sum(1).cpu())
-                sizes[name] = q[0].numel()
+            for name, g in record_gates(model, chunk).gates.items():
+                parts.setdefault(name, []).append(g.flatten(1).sum(1).cpu())
+                sizes[name] = g[0].numel()
     on = {k: torch.cat(v).double() for k, v in parts.items()}
     if per_layer:
         return {k: on[k] / sizes[k] for k in on}

@@ -37,6 +37,14 @@ pre-activation is the constant ``b_i`` near ``x``, it has no centre and no sensi
 (``InsensResult.n_cut_off`` counts them). Its decomposition is all zeros, so Eq. 5 holds for it only
 when ``q_i = 0``.
 
+Hard-clipped ReLUs (``nn.ReLU6``, ``nn.Hardtanh(0, t)``; :mod:`dualview.gates`) are hidden neurons too: frozen
+with their gate ``1{0 < q < t}`` and their constant saturated piece, the network stays affine, so Theorem 1
+holds as it stands. Insens keeps the paper's definition of the inactive state, ``q_i <= 0`` (Eq. 8: the
+neurons whose activity is not positive, i.e. that output 0): a *saturated* unit (``q_i >= t``) has slope 0
+too, but it is excited, not inactive (it outputs ``t``, and its switching hyperplane ``q_i = 0`` lies behind
+the one at ``q_i = t``), so it is not averaged, as an active unit is not; ``n_inactive`` counts ``q_i <= 0``
+only.
+
 An in-place ``nn.ReLU(inplace=True)`` whose *input* tensor is read again later in ``forward`` (e.g.
 ``self.relu(x) + x``) is handled as PyTorch computes it: the later read gets the ReLU's output
 (:mod:`dualview.gates` does the same inside the frozen network).
@@ -48,6 +56,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from tqdm.auto import tqdm
 
 from dualview import receptive_fields
 from dualview.gates import check_reproduces as _self_check, full_precision, record_gates, run_with_gates
@@ -162,16 +171,18 @@ def _check(model: nn.Module, x: Tensor) -> None:
 
 
 def frozen_preactivations(
-    model: nn.Module, z: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor]
+    model: nn.Module, z: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor],
+    saturated: dict[str, Tensor] | None = None,
 ) -> dict[str, Tensor]:
     """Pre-activations of every ReLU call when ``model`` runs on ``z`` with the given gates frozen.
 
     This is the active sub-network (:func:`dualview.gates.run_with_gates`) read at every hidden
     layer: an affine function of ``z`` for fixed gates; at ``z = x`` with ``x``'s own gates it
     equals ``record_gates(model, x).preactivations``. Names follow :func:`dualview.gates.record_gates`.
+    ``saturated``: the saturated pieces of hard-clipped ReLUs (``record_gates(model, x).saturated``).
     """
     captured: dict[str, Tensor] = {}
-    run_with_gates(model, z, gates, pool_indices, preactivations=captured)
+    run_with_gates(model, z, gates, pool_indices, preactivations=captured, saturated=saturated)
     return captured
 
 
@@ -193,7 +204,7 @@ def _jacobian_chunks(model, x, rec, names, chunk_size):
     zero = torch.zeros_like(x)
 
     def frozen(z):
-        q = frozen_preactivations(model, z, rec.gates, rec.pool_indices)
+        q = frozen_preactivations(model, z, rec.gates, rec.pool_indices, rec.saturated)
         return tuple(q[name].flatten(1) for name in names)
 
     def column(tangent):
@@ -240,7 +251,7 @@ def switched_projections(
         for coord, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):
             weight[:, :, coord] = torch.cat([cols[k] for k in names], 2).permute(1, 2, 0)
         # the switched bias is the frozen network at input 0: one plain forward pass
-        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices)
+        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices, rec.saturated)
     bias = torch.cat([q0[k].flatten(1) for k in names], 1)
     preactivation = torch.cat([q[k] for k in names], 1)
     _self_check("the switched linear model", weight * x.detach().flatten(1)[:, None], bias, preactivation)
@@ -286,7 +297,8 @@ def switched_projections_reference(
 
 
 @full_precision()
-def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure: bool = True) -> InsensResult:
+def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure: bool = True,
+           progress: bool = False) -> InsensResult:
     """Inactive state sensitivity ``Omega(x) = mean_{i: q_i <= 0} q_i w_i / |w_i|^2`` (Eq. 7-8).
 
     Two passes, never holding more than about ``chunk_size`` columns of the Jacobian (one number per
@@ -300,6 +312,7 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
     each spatial neuron's switched weight is built on its receptive field only, layer by layer (see
     :mod:`dualview.receptive_fields`), and the tail's from the flattened units' ones. Other models, or ``structure=False``,
     take the generic forward-mode sweep over all input coordinates; both give the same result.
+    ``progress=True`` shows a progress bar over the chunks (tqdm).
     """
     _check(model, x)
     if chunk_size is not None and chunk_size < 1:
@@ -320,11 +333,14 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
             bounds = [n * k // count for k in range(count + 1)]  # (32 inputs by <= 6: 5, 5, 6, 5, 5, 6)
             parts = [receptive_fields.sq_norms(x[i:j], {k: g[i:j] for k, g in rec.gates.items()},
                                                {k: p[i:j] for k, p in rec.pool_indices.items()}, plan)
-                     for i, j in zip(bounds, bounds[1:])]
+                     for i, j in tqdm(list(zip(bounds, bounds[1:])), desc="Insens", disable=not progress)]
             sq = {k: torch.cat([part[k] for part in parts]) for k in names}
         else:
             sq = {k: x.new_zeros(n, rec.preactivations[k][0].numel()) for k in names}
-            for _, cols in _jacobian_chunks(model, x, rec, names, chunk_size or _default_chunk(x)):
+            size = chunk_size or _default_chunk(x)
+            sweep = _jacobian_chunks(model, x, rec, names, size)
+            total = -(-x[0].numel() // max(1, size // n))
+            for _, cols in tqdm(sweep, total=total, desc="Insens", disable=not progress):
                 for k in names:
                     sq[k] += cols[k].square().sum(0)
     tiny = torch.finfo(x.dtype).tiny
@@ -340,13 +356,13 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
     }
     z = x.clone().requires_grad_(True)
     with torch.enable_grad():
-        qz = frozen_preactivations(model, z, rec.gates, rec.pool_indices)
+        qz = frozen_preactivations(model, z, rec.gates, rec.pool_indices, rec.saturated)
         total = [(qz[k].flatten(1) * coef[k]).sum(1) for k in names]  # per input
         (omega,) = torch.autograd.grad(sum(t.sum() for t in total), z)
     # self-check: the frozen network is affine and is the network at x, so sum_i a_i q_i(x) equals
     # sum_i a_i b_i + <Omega, x> (b_i: the frozen network at 0); one more forward pass
     with torch.no_grad():
-        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices)
+        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices, rec.saturated)
         bias = sum((q0[k].flatten(1) * coef[k]).sum(1) for k in names)
         own = sum((q[k] * coef[k]).sum(1) for k in names)
     _self_check("Insens", (omega * x).flatten(1), bias, own)
@@ -459,7 +475,7 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
     q = torch.cat([rec.preactivations[k].detach().flatten(1) for k in names], 1)
 
     def frozen(z):
-        pre = frozen_preactivations(model, z, rec.gates, rec.pool_indices)
+        pre = frozen_preactivations(model, z, rec.gates, rec.pool_indices, rec.saturated)
         return torch.cat([pre[k].flatten(1) for k in names], 1)
 
     def along(tangent):

@@ -17,7 +17,10 @@ spirit of Zennit's ``composite.context``, and removes every hook on exit, also o
 that a ``forward`` applies as a *function* (``F.relu``, ``torch.relu``, ``x.relu()``, in place or not,
 e.g. the last ReLU of torchvision's DenseNet) get the surrogate too; any other functional
 non-linearity there (``F.gelu``, ``F.max_pool2d``, ``clamp``, ...) and any unsupported layer raise
-:class:`~dualview.gates.UnsupportedLayerError`.
+:class:`~dualview.gates.UnsupportedLayerError`. Hard-clipped ReLUs (``nn.ReLU6``, ``nn.Hardtanh(0, t)``, e.g.
+MobileNetV2's) are supported exactly: ``min(max(q, 0), t) = relu(q) - relu(q - t)`` gets the surrogate
+derivative ``sigmoid(q / tau) - sigmoid((q - t) / tau)`` and, in gated linear models, its constant saturated
+piece ``t * 1{q >= t}`` held fixed at ``x`` (see :mod:`dualview.gates`). SiLU, GELU and Hardswish are refused.
 
 On top: :func:`excitation_pullback` and :func:`input_gradient` (batched, one target per sample),
 :func:`projected_gradient_ascent` (the counterfactuals of Section 5.1), and the objects of the theory
@@ -35,10 +38,11 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from dualview.gates import GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, check_batch, check_eval, \
-    check_reproduces, check_supported, full_precision, instrument, record_gates, run_with_gates
+from dualview.gates import CLIPPED_LAYERS, GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, \
+    check_batch, check_eval, check_reproduces, check_supported, full_precision, instrument, record_gates, \
+    run_with_gates
 from dualview.metrics import target_classes
-from dualview.surrogates import SurrogateBackward, check_temperature, soft_gates
+from dualview.surrogates import SurrogateBackward, check_temperature, clipped_soft_gate, soft_gates
 
 __all__ = [
     "DEFAULT_TEMPERATURE",
@@ -107,13 +111,13 @@ def excitation_backward(
     parameters and modules are never touched. Yields a :class:`PatchReport`.
     """
     rule = SurrogateBackward(temperature, pool_temperature)
-    check_supported(model)
+    check_supported(model, clipped=True)
     named = [(name or "<model>", m) for name, m in model.named_modules()]
     for label, m in named:
         if isinstance(m, POOL_GATE_LAYERS) and m.return_indices:
             raise UnsupportedLayerError(
                 f"max-pool '{label}' has return_indices=True; excitation pullbacks need a plain max-pool")
-    report = PatchReport(rule, [label for label, m in named if isinstance(m, GATE_LAYERS)],
+    report = PatchReport(rule, [label for label, m in named if isinstance(m, GATE_LAYERS + CLIPPED_LAYERS)],
                          [label for label, m in named if isinstance(m, POOL_GATE_LAYERS)])
     with instrument(model, rule):
         yield report
@@ -264,11 +268,16 @@ def excitation_gates(model: nn.Module, x: Tensor, temperature: float = DEFAULT_T
     """The excitation function ``Gamma(x) = sigmoid(Z(x) / tau)`` of every ReLU call (Hypothesis 1, comment 5).
 
     Keys as :func:`dualview.gates.record_gates` names the ReLU calls; ``temperature = 0`` gives the
-    hard gates ``Z(x) > 0`` as floats. Detached from the graph.
+    hard gates ``Z(x) > 0`` as floats. A hard-clipped ReLU call (ceiling ``t``) gets
+    ``sigmoid(Z / tau) - sigmoid((Z - t) / tau)`` (:func:`dualview.surrogates.clipped_soft_gate`; hard:
+    ``0 < Z < t``). Detached from the graph.
     """
     with torch.no_grad():
         rec = record_gates(model, x)
-    return soft_gates(rec.preactivations, temperature)
+    gates = soft_gates(rec.preactivations, temperature)
+    for k, t in rec.ceilings.items():
+        gates[k] = clipped_soft_gate(rec.preactivations[k], t, temperature)
+    return gates
 
 
 @dataclass
@@ -287,7 +296,7 @@ class GatedLinearModel:
 @full_precision()
 def gated_linear_model(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor, gates: Mapping[str, Tensor],
-    pool_indices: Mapping[str, Tensor] | None = None,
+    pool_indices: Mapping[str, Tensor] | None = None, saturated: Mapping[str, Tensor] | None = None,
 ) -> GatedLinearModel:
     """The Lambda-induced network's class neuron ``target`` at ``x`` as an explicit linear model.
 
@@ -295,6 +304,8 @@ def gated_linear_model(
     give them) are held fixed, so ``x' -> run_with_gates(model, x', gates)`` is affine; its
     gradient is ``v_Lambda`` (Section 2.5 of :cite:`satkiewicz2025tapping`). Max-pools take
     ``pool_indices`` if given, else the winners of ``x`` itself (held fixed too, so the map is affine).
+    Hard-clipped ReLUs (``nn.ReLU6``) add their constant saturated piece ``t * saturated[name]``, by default
+    ``x``'s own (``record_gates(model, x).saturated``): it goes into the bias.
 
     Self-check: the result must reproduce the Lambda-network's output at ``x``,
     ``<weight, x> + bias = f_Lambda(x)`` within a tolerance set by the dtype; if not (a layer that is
@@ -302,17 +313,20 @@ def gated_linear_model(
     """
     check_batch(x, floating=True)
     check_eval(model)
-    if pool_indices is None:
+    if pool_indices is None or saturated is None:
         with torch.no_grad():
-            pool_indices = record_gates(model, x).pool_indices or None
+            rec = record_gates(model, x)
+        pool_indices = rec.pool_indices or None if pool_indices is None else pool_indices
+        saturated = rec.saturated if saturated is None else saturated
     xg = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
-        out = run_with_gates(model, xg, gates, pool_indices)
+        out = run_with_gates(model, xg, gates, pool_indices, saturated=saturated)
         tg = target_classes(target, out)
         sel = out.gather(1, tg[:, None])[:, 0]
         (v,) = torch.autograd.grad(sel.sum(), xg)
     with torch.no_grad():
-        zero = run_with_gates(model, torch.zeros_like(x), gates, pool_indices).gather(1, tg[:, None])[:, 0]
+        zero = run_with_gates(model, torch.zeros_like(x), gates, pool_indices, saturated=saturated)
+        zero = zero.gather(1, tg[:, None])[:, 0]
     sel = sel.detach()
     check_reproduces("the gated linear model", (v * x).flatten(1), zero, sel)
     return GatedLinearModel(weight=v, bias=zero, output=sel)

@@ -25,8 +25,8 @@ from torch.nn.modules.utils import _pair
 
 from dualview.gates import Rule
 
-__all__ = ["check_temperature", "soft_gates", "surrogate_relu", "soft_max_pool", "surrogate_max_pool",
-           "SurrogateBackward"]
+__all__ = ["check_temperature", "soft_gates", "clipped_soft_gate", "surrogate_relu", "soft_max_pool",
+           "surrogate_max_pool", "SurrogateBackward"]
 
 
 def check_temperature(temperature: float, what: str = "temperature") -> float:
@@ -73,6 +73,38 @@ class _SurrogateReLU(torch.autograd.Function):
         # sigmoid(beta z); above the threshold it returns grad, where sigmoid(beta z) rounds to 1 anyway
         threshold = 11.0 if z.dtype == torch.float16 else 40.0 if z.dtype == torch.float64 else 20.0
         return torch.ops.aten.softplus_backward(grad_output, z, 1.0 / t, threshold), None, None
+
+
+class _SurrogateClippedReLU(torch.autograd.Function):
+    """Forward ``min(max(z, 0), t)``; backward multiplies the incoming gradient by
+    ``sigmoid(z / tau) - sigmoid((z - t) / tau)`` (``tau = 0``: ``1{0 < z < t}``, PyTorch's own
+    derivative)."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, temperature: float, ceiling: float,  # type: ignore[override]
+                out: list | None = None) -> Tensor:
+        ctx.save_for_backward(z)
+        ctx.temperature, ctx.ceiling = temperature, ceiling
+        return F.hardtanh(z, 0.0, ceiling) if out is None else out[0].detach()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+        (z,) = ctx.saved_tensors
+        t, c = ctx.temperature, ctx.ceiling
+        gate = ((z > 0) & (z < c)).to(z.dtype) if t == 0 else \
+            torch.sigmoid(z / t) - torch.sigmoid((z - c) / t)
+        return grad_output * gate, None, None, None
+
+
+def clipped_soft_gate(q: Tensor, ceiling: float, temperature: float) -> Tensor:
+    """The soft gate of a hard-clipped ReLU ``min(max(q, 0), t) = relu(q) - relu(q - t)``: the difference of
+    its two ReLUs' soft gates, ``sigmoid(q / tau) - sigmoid((q - t) / tau)``, in ``(0, 1)``; ``tau = 0`` gives
+    the hard gate ``1{0 < q < t}`` (as floats)."""
+    tau = check_temperature(temperature)
+    if tau == 0:
+        return ((q > 0) & (q < ceiling)).to(q.dtype)
+    return torch.sigmoid(q / tau) - torch.sigmoid((q - ceiling) / tau)
 
 
 def surrogate_relu(z: Tensor, temperature: float) -> Tensor:
@@ -224,8 +256,13 @@ class SurrogateBackward(Rule):
     """The rule of excitation pullbacks (Section 5.2-5.3 of :cite:`satkiewicz2025tapping`): forward
     unchanged; every ReLU's derivative becomes ``sigmoid(q / temperature)`` (ReLUs a ``forward`` applies as
     functions included) and every max-pool's that of softmax pooling at ``pool_temperature`` (default:
-    ``temperature``; 0 keeps max-pools hard). Counts the calls it patched.
+    ``temperature``; 0 keeps max-pools hard). Counts the calls it patched. A hard-clipped ReLU
+    ``min(max(q, 0), t) = relu(q) - relu(q - t)`` (``nn.ReLU6``) gets the difference of its two ReLUs'
+    surrogate derivatives, ``sigmoid(q / tau) - sigmoid((q - t) / tau)`` (:func:`clipped_soft_gate`; our
+    extension of Listing 1, which covers ReLUs only).
     """
+
+    clipped = True
 
     def __init__(self, temperature: float, pool_temperature: float | None = None) -> None:
         self.temperature = check_temperature(temperature)
@@ -238,6 +275,9 @@ class SurrogateBackward(Rule):
 
     def relu_output(self, site, module, q, out):
         self.relu_calls += 1
+        if isinstance(module, nn.Hardtanh):  # a hard-clipped ReLU (instrument checked its floor is 0)
+            return _SurrogateClippedReLU.apply(q, self.temperature, float(module.max_val),
+                                               None if out is None else [out])
         return _SurrogateReLU.apply(q, self.temperature, None if out is None else [out])
 
     def max_pool(self, site, module, x, out):

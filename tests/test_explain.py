@@ -278,3 +278,44 @@ def test_quantus_road_keeps_per_sample_results():
     kept = metrics.quantus_scores(road, model, x, y, maps=torch.randn_like(x))
     assert kept.shape == (6, 3) and set(np.unique(kept)) <= {0.0, 1.0}
     assert np.all(kept[:, 0] == 1.0)                         # nothing imputed: every prediction stands
+
+
+def test_integrated_gradients_in_chunks_is_the_same_map(batch):
+    """``chunk_size`` bounds the (input, step) pairs per pass; the map equals the unchunked call and a slow loop over
+    samples and Gauss-Legendre nodes (Captum's default quadrature: nodes (u + 1) / 2, weights w / 2)."""
+    model, (x, y) = small_cnn(), batch
+    x, y, steps = x[:4], y[:4], 7
+    whole = explain.attribute(model, x, y, "integrated_gradients", n_steps=steps, baseline=0.1, chunk_size=4 * steps)
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    ref = torch.zeros_like(x)
+    for n in range(len(x)):
+        for u, w in zip(nodes, weights):
+            z = (0.1 + (u + 1) / 2 * (x[n] - 0.1)).detach().requires_grad_(True)
+            (g,) = torch.autograd.grad(model(z[None])[0, y[n]], z)
+            ref[n] += w / 2 * g * (x[n] - 0.1)
+    torch.testing.assert_close(whole, ref, rtol=1e-5, atol=1e-9)  # Captum casts the weights to float32
+    for size in (1, 3, 5, 13):  # fewer than the batch, not a multiple of the steps, ...
+        part = explain.attribute(model, x, y, "integrated_gradients", n_steps=steps, baseline=0.1, chunk_size=size)
+        torch.testing.assert_close(part, whole, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="chunk_size"):
+        explain.attribute(model, x, y, "integrated_gradients", chunk_size=0)
+
+
+def test_integrated_gradients_memory_is_bounded_by_the_chunk(batch):
+    """The largest batch the model sees is at most ``chunk_size`` inputs (or the batch's steps, Captum's unit)."""
+    model, (x, y) = small_cnn(), batch
+    seen = []
+    hook = model[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        explain.attribute(model, x, y, "integrated_gradients", n_steps=50, chunk_size=10)
+    finally:
+        hook.remove()
+    assert max(seen[1:]) <= 10 and sum(seen[1:]) == 50 * len(x)  # seen[0]: attribute's own forward
+
+
+def test_insens_progress_bar_changes_nothing(batch, capsys):
+    model, (x, y) = small_cnn(), batch
+    plain = explain.attribute(model, x[:2], y[:2], "insens")
+    shown = explain.attribute(model, x[:2], y[:2], "insens", progress=True)
+    torch.testing.assert_close(shown, plain, rtol=0, atol=0)
+    assert "Insens" in capsys.readouterr().err

@@ -7,7 +7,7 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 * ``"gradient"``: the input gradient of the target logit (the hard-gated pullback, Chapter 6);
 * ``"gradient_x_input"``: gradient times input minus ``baseline`` (default 0: gradient times input);
 * ``"integrated_gradients"``: Captum's Integrated Gradients :cite:`sundararajan2017axiomatic` (``baseline``,
-  ``n_steps``);
+  ``n_steps``; ``chunk_size``: the (input, step) pairs per forward and backward pass, see :func:`attribute`);
 * ``"smoothgrad"``: Captum's NoiseTunnel over the plain (signed) gradient :cite:`smilkov2017smoothgrad`
   (``n_samples``, ``noise``: the noise's standard deviation; noise from torch's global generator, so seed
   first);
@@ -20,8 +20,9 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
   ``pool_temperature``; :func:`dualview.pullbacks.excitation_pullback`);
 * ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
-* ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`),
-  *class-agnostic*: the ``target`` is checked and ignored;
+* ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`; ``chunk_size``,
+  ``progress``: a progress bar over the forward-mode sweep), *class-agnostic*: the ``target`` is checked and
+  ignored;
 * ``"intensity"``: ``|x - baseline|``, a trivial baseline that knows nothing of the network;
 * ``"edges"``: the Sobel edge magnitude of the channel-mean image, on every channel, another.
 
@@ -53,11 +54,12 @@ CLASS_AGNOSTIC: frozenset[str] = frozenset({"insens", "intensity", "edges"})
 """Methods whose map does not depend on the target class."""
 
 _OPTIONS: dict[str, set[str]] = {
-    "gradient": set(), "gradient_x_input": {"baseline"}, "integrated_gradients": {"baseline", "n_steps"},
+    "gradient": set(), "gradient_x_input": {"baseline"},
+    "integrated_gradients": {"baseline", "n_steps", "chunk_size"},
     "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
     "pullback": {"temperature", "pool_temperature"},
     "pullback_x_input": {"temperature", "pool_temperature", "baseline"},
-    "insens": {"chunk_size"}, "intensity": {"baseline"}, "edges": set(),
+    "insens": {"chunk_size", "progress"}, "intensity": {"baseline"}, "edges": set(),
 }
 
 
@@ -318,6 +320,12 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     intensity: a number or one value per channel), ``n_samples=16``, ``noise=0.15``, ``temperature=0.3``,
     ``composite="epsilon_gamma_box"`` with ``low=0, high=1`` the bounds of ``x``). Unknown methods and
     options, targets outside ``[0, classes)`` and models a method does not cover raise errors.
+
+    Cost of ``"integrated_gradients"``: ``n_steps x N`` forward and backward passes of one input each (the
+    path integral's quadrature points), run ``chunk_size`` at a time (default ``max(N, 256)``): memory
+    grows with ``chunk_size`` (activations of ``chunk_size`` inputs), never with ``n_steps``; the result does
+    not depend on it. ``"insens"``'s ``chunk_size`` bounds its forward-mode sweep likewise
+    (:func:`dualview.projections.insens`).
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
@@ -345,11 +353,18 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     if method == "integrated_gradients":
         from captum.attr import IntegratedGradients
 
+        steps, size = options.get("n_steps", 32), options.get("chunk_size", max(len(x), 256))
+        for name, value in (("n_steps", steps), ("chunk_size", size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        base = _baseline(x, options.get("baseline", 0.0))
+        per = min(len(x), size)  # inputs per call; Captum then runs size // per steps of each at a time
+        ig = IntegratedGradients(model)
         with torch.enable_grad():
-            steps = options.get("n_steps", 32)
-            out = IntegratedGradients(model).attribute(x, baselines=_baseline(x, options.get("baseline", 0.0)), target=t,
-                                                       n_steps=steps, internal_batch_size=max(len(x), 256))
-        return out.detach()
+            parts = [ig.attribute(xs, baselines=bs, target=ts, n_steps=steps, internal_batch_size=size)
+                     for xs, bs, ts in zip(x.split(per), base.split(per), t.split(per))]
+        parts = [p.detach() for p in parts]
+        return torch.cat(parts)
     if method == "smoothgrad":
         from captum.attr import NoiseTunnel, Saliency
 
@@ -363,7 +378,8 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
             raise ValueError(f"LRP needs images (N, C, H, W), got shape {tuple(x.shape)}")
         return _lrp(model, x, t, **options)
     if method == "insens":
-        return projections.insens(model, x, chunk_size=options.get("chunk_size")).omega
+        return projections.insens(model, x, chunk_size=options.get("chunk_size"),
+                                  progress=options.get("progress", False)).omega
     if method == "intensity":
         return (x - _baseline(x, options.get("baseline", 0.0))).abs()
     return edge_map(x)[:, None].expand_as(x).clone()   # "edges"

@@ -382,3 +382,76 @@ def test_documented_errors():
         hyperplanes.local_hyperplanes(net, torch.rand(2, 1, 8, 8), site=4, units=[0])
     with pytest.raises(ValueError, match="ResNets"):
         dgn.build(Architecture.resnet(20), "dlgn", gating="shallow")
+
+
+def _relu_calls(model: nn.Module, x: torch.Tensor) -> int:
+    """ReLU module calls in one forward pass, counted by hooks (an independent count of the gate sites)."""
+    calls = []
+    hooks = [m.register_forward_hook(lambda *a: calls.append(1)) for m in model.modules() if isinstance(m, nn.ReLU)]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return len(calls)
+
+
+def test_gated_network_from_a_torchvision_resnet():
+    """resnet18 calls each block's in-place ReLU twice: from_model gives every call its own gate site, and with
+    value and gating copies of the same network the gated network is the network. Yours is never modified."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10).double().eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    flags = [m.inplace for m in model.modules() if isinstance(m, nn.ReLU)]
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="once per forward"):  # the plain constructor cannot gate it
+        dgn.GatedNetwork(model, model)(x)
+    net = dgn.GatedNetwork.from_model(model)
+    assert _relu_calls(model, x) == 17
+    assert net.gating.num_sites == len(net._value_sites) == 17
+    with torch.no_grad():
+        torch.testing.assert_close(net(x), model(x), rtol=1e-12, atol=1e-12)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    mixed = dgn.GatedNetwork.from_model(other, model)  # value weights of other, gates of model
+    assert not torch.allclose(mixed(x), model(x)) and not torch.allclose(mixed(x), other(x))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert [m.inplace for m in model.modules() if isinstance(m, nn.ReLU)] == flags and all(flags)
+    assert all(not m.training for m in model.modules())
+
+
+def test_one_relu_per_use_makes_functional_and_shared_relus_modules():
+    import torch.nn.functional as F
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c, self.relu = nn.Linear(4, 6), nn.Linear(6, 6), nn.Linear(6, 2), nn.ReLU()
+
+        def forward(self, x):
+            return self.c(self.relu(self.b(F.relu(self.a(x)))) + self.relu(self.b(x.new_zeros(1, 6))))
+
+    torch.manual_seed(0)
+    model, x = Net().double().eval(), torch.randn(3, 4, dtype=torch.float64)
+    copy_ = dgn.one_relu_per_use(model)
+    assert sum(isinstance(m, nn.ReLU) for m in copy_.modules()) == 3 == _relu_calls(copy_, x)
+    assert copy_.state_dict().keys() == model.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(copy_(x), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(gates.record_gates(copy_, x).output, model(x).detach())  # now recordable
+
+    class Reread(nn.Module):  # an in-place ReLU whose input is read again: out of place would change it
+        def __init__(self):
+            super().__init__()
+            self.a, self.relu = nn.Linear(4, 4), nn.ReLU(inplace=True)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.relu(h) + h
+
+    with pytest.raises(gates.UnsupportedLayerError, match="read"):
+        dgn.one_relu_per_use(Reread())

@@ -26,6 +26,7 @@ from an :class:`~dualview.architectures.Architecture`::
     pg = dgn.build(arch, "dgn", pretrained=dnn)          # pretrained gates (PG): frozen, hard
     dlgn = dgn.build(arch, "dlgn", permutation=(3, 2, 1, 0))
     fixed = dgn.GatedNetwork(value_net, gating_net)      # the fixed gates of gating_net
+    resnet = dgn.GatedNetwork.from_model(torchvision.models.resnet18())  # any traceable model
 
 Max-pools stay max-pools in both networks; the value network pools its own signal
 (:func:`dualview.gates.run_with_gates` imposes the gating network's winners too, if you want them).
@@ -36,10 +37,12 @@ import contextlib
 import copy
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dualview.architectures import (Architecture, LinearSite, gate_sites, replace_gate_sites, site_blocks,
@@ -47,7 +50,7 @@ from dualview.architectures import (Architecture, LinearSite, gate_sites, replac
 from dualview.gates import UnsupportedLayerError, check_supported, record_gates, run_with_gates
 
 __all__ = ["GaLU", "DeepGating", "ShallowGating", "GatedNetwork", "GatedTrace", "build", "reverse_within_blocks",
-           "sample_permutations", "gated_forward_reference"]
+           "sample_permutations", "gated_forward_reference", "one_relu_per_use"]
 
 
 class GaLU(nn.Module):
@@ -94,7 +97,8 @@ def _site_inputs(sites: Sequence[nn.Module]) -> Iterator[list[Tensor]]:
             h.remove()
     if calls != [1] * len(sites):
         raise RuntimeError(f"every gate site must be called once per forward pass; the calls per site were "
-                           f"{calls}: use one activation module per use")
+                           f"{calls}: use one activation module per use (GatedNetwork.from_model makes "
+                           "such a copy of a traceable model, e.g. a torchvision ResNet)")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -216,7 +220,8 @@ class GatedNetwork(nn.Module):
     :class:`DeepGating` / :class:`ShallowGating`. Both are copied, yours are never modified; the copy of
     ``value`` gets a :class:`GaLU` in place of each ReLU, the copy of ``gating`` has its in-place ReLUs turned
     off (so torchvision models can serve as gating networks). Networks without ``nn.ReLU`` modules (a
-    functional ``F.relu`` in ``forward``) are refused: their gates cannot be read or imposed.
+    functional ``F.relu`` in ``forward``) are refused: their gates cannot be read or imposed;
+    :meth:`from_model` first gives every ReLU call its own module (:func:`one_relu_per_use`).
     ``frozen=True`` (pretrained or fixed gates) keeps
     the gating network in eval mode without gradients: ``GatedNetwork(value, gating)`` runs ``value`` with
     the fixed gates of ``gating``, whose NTK in the value weights (``empirical_ntk(..., params="value")``)
@@ -245,7 +250,8 @@ class GatedNetwork(nn.Module):
             raise UnsupportedLayerError(
                 f"the {'value' if n == 0 else 'gating'} network has no gate sites (no nn.ReLU module): a ReLU "
                 "applied as a function in forward (F.relu, torch.relu, x.relu()) cannot be gated, so the "
-                "gated network would ignore the gating network. Use one nn.ReLU module per use in both.")
+                "gated network would ignore the gating network. Use one nn.ReLU module per use in both, or "
+                "GatedNetwork.from_model(value, gating), which does that for traceable models.")
         if n_gating != n:
             raise ValueError(f"the value network has {n} ReLUs but the gating network {n_gating} gate sites: "
                              "both need the same architecture")
@@ -314,6 +320,14 @@ class GatedNetwork(nn.Module):
         own = [qi if self.gating.linear else torch.relu(qi) for qi in q]
         return GatedTrace(out, q, own, gates, list(qv), [a * g for a, g in zip(qv, gates)])
 
+    @classmethod
+    def from_model(cls, value: nn.Module, gating: nn.Module | None = None, **options) -> GatedNetwork:
+        """A gated network from models written without its conventions (torchvision's ResNets: one in-place
+        ReLU module called twice per block; ``F.relu`` in ``forward``): ``value`` and ``gating`` (default: a
+        copy of ``value``, the network's own gates) pass through :func:`one_relu_per_use` first. ``options``
+        as for :class:`GatedNetwork`. Your models are never modified."""
+        return cls(one_relu_per_use(value), one_relu_per_use(value if gating is None else gating), **options)
+
     def extra_repr(self) -> str:
         perm = "identity" if self.permutation == tuple(range(len(self.permutation))) else str(self.permutation)
         return (f"arch={self.arch.name if self.arch else None}, kind={self.kind}, mode={self.mode}, "
@@ -333,6 +347,66 @@ def _check_network(net: nn.Module, name: str) -> nn.Module:
         for m, training in modes:
             m.training = training
     return net
+
+
+_FUNCTIONAL_RELUS = (F.relu, torch.relu, torch.relu_, torch.nn.functional.relu_)
+
+
+def one_relu_per_use(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` in which every ReLU *call* is a module of its own, ``nn.ReLU(inplace=False)``, as
+    :class:`GatedNetwork` needs (a gate site is a module called once per forward pass).
+
+    The copy is ``model`` traced by ``torch.fx`` (same submodules and ``state_dict`` keys, same outputs): a
+    ReLU module called ``k > 1`` times gets ``k - 1`` new siblings named ``<name>_1``, ``<name>_2``, ...; a
+    functional ReLU (``F.relu``, ``torch.relu``, ``x.relu()``) becomes a module ``relu_fn_<i>`` of the root;
+    in-place ReLUs become out-of-place. ``model`` itself is never modified. Raises
+    :class:`~dualview.gates.UnsupportedLayerError` if ``model`` cannot be traced (control flow on values), or
+    if an in-place ReLU's input is read again after it (out of place, the later read would change).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    try:
+        traced = torch.fx.symbolic_trace(copy.deepcopy(model))
+    except Exception as err:  # fx raises many types (TraceError, TypeError, ...) for untraceable code
+        raise UnsupportedLayerError(
+            f"one_relu_per_use could not trace {type(model).__name__} with torch.fx "
+            f"({type(err).__name__}: {err}); write it with one nn.ReLU module per use instead") from err
+    graph, uses, order = traced.graph, Counter(), {n: i for i, n in enumerate(traced.graph.nodes)}
+    for node in list(graph.nodes):
+        module = traced.get_submodule(node.target) if node.op == "call_module" else None
+        functional = (node.op == "call_function" and node.target in _FUNCTIONAL_RELUS) or \
+            (node.op == "call_method" and node.target in ("relu", "relu_"))
+        if type(module) is not nn.ReLU and not functional:
+            continue
+        name = str(getattr(node.target, "__name__", node.target))
+        inplace = module.inplace if module is not None else \
+            name.endswith("_") or bool(node.kwargs.get("inplace"))
+        source = node.args[0]
+        if inplace and isinstance(source, torch.fx.Node) and \
+                any(order[user] > order[node] for user in source.users if user is not node):
+            raise UnsupportedLayerError(
+                f"an in-place ReLU ({node.target}) overwrites a tensor that forward reads again later: made "
+                "out of place, that later read would see the pre-activation instead; write it with "
+                "inplace=False")
+        if module is not None:
+            k = uses[node.target]
+            uses[node.target] += 1
+            if k == 0:
+                module.inplace = False
+                continue
+            name = f"{node.target}_{k}"
+            traced.add_submodule(name, nn.ReLU())
+            node.target = name
+        else:
+            name = f"relu_fn_{sum(1 for n, _ in traced.named_children() if n.startswith('relu_fn_'))}"
+            traced.add_submodule(name, nn.ReLU())
+            with graph.inserting_before(node):
+                new = graph.call_module(name, (source,))
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+    graph.lint()
+    traced.recompile()
+    return traced
 
 
 # --------------------------------------------------------------------------------------------------

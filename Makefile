@@ -42,11 +42,13 @@ notebooks: env
 	env $(THREADS) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/nbtest; $(BIN)/python scripts/notebooks.py report
 
 ## build the HTML from the executed chapters, warnings as errors (HIDE_SOLUTIONS=1: a course build)
+STAGE ?= _build/stage
 html: env
-	HIDE_SOLUTIONS=$(HIDE_SOLUTIONS) $(BIN)/python scripts/notebooks.py stage
-	$(BIN)/jupyter-book build _build/stage --all --path-output $(BOOK_OUT) --warningiserror --nitpick --keep-going --quiet
+	HIDE_SOLUTIONS=$(HIDE_SOLUTIONS) DUALVIEW_STAGE=$(STAGE) $(BIN)/python scripts/notebooks.py stage
+	$(BIN)/jupyter-book build $(STAGE) --all --path-output $(BOOK_OUT) --warningiserror --nitpick --keep-going --quiet
 	@echo "The book is in $(BOOK_OUT)/_build/html/index.html"
 
+## (the two HTML builds, the book and the course, run side by side, each staged in its own folder)
 ## make test: unit and property tests, every chapter executed in the cpu profile (compared with its references)
 ## and at the smoke scale of the gpu profile (_build/smoke), the HTML build and its checks (tests/rendered).
 ## The chapters run under a CPU configuration other than the one the references were recorded with
@@ -60,8 +62,9 @@ test: env
 	env $(THREADS) $$cpu_env $(BIN)/python -m pytest tests --ignore=tests/rendered $(NBVAL) $(XDIST) \
 		_build/nbtest _build/smoke \
 		|| { $(BIN)/python scripts/notebooks.py report; exit 1; }
-	$(MAKE) html
-	$(MAKE) html HIDE_SOLUTIONS=1 BOOK_OUT=_build/course
+	$(MAKE) html & book=$$!; \
+	$(MAKE) html HIDE_SOLUTIONS=1 BOOK_OUT=_build/course STAGE=_build/stage-course & course=$$!; \
+	wait $$book; book=$$?; wait $$course; course=$$?; test $$book = 0 && test $$course = 0
 	$(BIN)/python -m pytest -p no:cacheprovider tests/rendered
 	HIDE_SOLUTIONS=1 DUALVIEW_HTML=$(COURSE_HTML) $(BIN)/python -m pytest -p no:cacheprovider tests/rendered/test_html.py
 

@@ -382,9 +382,9 @@ class Rule:
     output (``None``: keep it). ``site`` names the call as :func:`record_gates` does.
     """
 
-    #: Whether the rule handles hard-clipped ReLUs (:data:`CLIPPED_LAYERS`) at its ReLU sites: their
-    #: output is ``q * G + t * H`` (:func:`clip_ceiling` gives ``t``), not ``q * G``. :func:`instrument`
-    #: refuses models holding them unless every rule says ``True``.
+    #: Whether the rule handles hard-clipped ReLUs (:data:`dualview.gates.CLIPPED_LAYERS`) at its ReLU
+    #: sites: their output is ``q * G + t * H`` (:func:`dualview.gates.clip_ceiling` gives ``t``), not
+    #: ``q * G``. :func:`dualview.gates.instrument` refuses models holding them unless every rule says ``True``.
     clipped: bool = False
 
     def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:

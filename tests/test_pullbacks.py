@@ -367,8 +367,8 @@ def test_functional_relu_equals_module_relu():
 def test_errors():
     net = conv_net()
     x = torch.rand(2, 3, 14, 14)
-    with pytest.raises(UnsupportedLayerError, match="GELU"):
-        pb.excitation_pullback(nn.Sequential(nn.Linear(4, 3), nn.GELU()), torch.rand(2, 4), 0)
+    with pytest.raises(UnsupportedLayerError, match="Hardswish"):  # (SiLU / GELU modules: test_silu_gelu.py)
+        pb.excitation_pullback(nn.Sequential(nn.Linear(4, 3), nn.Hardswish()), torch.rand(2, 4), 0)
     with pytest.raises(UnsupportedLayerError, match="gelu"):
         pb.excitation_pullback(FunctionalGelu(), torch.rand(2, 4), 0)
     with pytest.raises(UnsupportedLayerError, match="max_pool2d"):

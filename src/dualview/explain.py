@@ -18,7 +18,9 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
   torchvision's residual sums as ``Sum`` layers); ``x``'s bounds are ``low``/``high`` (default 0 and 1) or
   ``normalised=True`` (ImageNet's mean and std); relevance sum / logit is checked; anything else is refused;
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
-  ``pool_temperature``; :func:`dualview.pullbacks.excitation_pullback`);
+  ``pool_temperature``, ``smooth_temperature``; :func:`dualview.pullbacks.excitation_pullback`); on SiLU /
+  GELU models (EfficientNet) a surrogate backward with their gates ``sigmoid(q / tau)`` / ``Phi(q / tau)``,
+  not an exact dual view (:mod:`dualview.surrogates`);
 * ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
 * ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`; ``chunk_size``,
   ``progress``: a progress bar over the forward-mode sweep), *class-agnostic*: the ``target`` is checked and
@@ -57,8 +59,8 @@ _OPTIONS: dict[str, set[str]] = {
     "gradient": set(), "gradient_x_input": {"baseline"},
     "integrated_gradients": {"baseline", "n_steps", "chunk_size"},
     "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
-    "pullback": {"temperature", "pool_temperature"},
-    "pullback_x_input": {"temperature", "pool_temperature", "baseline"},
+    "pullback": {"temperature", "pool_temperature", "smooth_temperature"},
+    "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "baseline"},
     "insens": {"chunk_size", "progress"}, "intensity": {"baseline"}, "edges": set(),
 }
 
@@ -348,7 +350,8 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
         return g * (x - _baseline(x, options.get("baseline", 0.0))) if method == "gradient_x_input" else g
     if method in ("pullback", "pullback_x_input"):
         v = pullbacks.excitation_pullback(model, x, t, temperature=options.get("temperature", pullbacks.DEFAULT_TEMPERATURE),
-                                          pool_temperature=options.get("pool_temperature"))
+                                          pool_temperature=options.get("pool_temperature"),
+                                          smooth_temperature=options.get("smooth_temperature"))
         return v * (x - _baseline(x, options.get("baseline", 0.0))) if method == "pullback_x_input" else v
     if method == "integrated_gradients":
         from captum.attr import IntegratedGradients

@@ -43,6 +43,14 @@ the dual view is exact: :attr:`GateRecord.gates` holds ``G``, :attr:`GateRecord.
 the rules that declare :attr:`Rule.clipped` (recording, imposing gates, the surrogate backward of excitation
 pullbacks), hence by switched projections, Insens and gated linear models; path counts, kernels and gated
 networks are defined for ReLU networks and refuse them. A Hardtanh with ``min_val != 0`` is refused.
+
+SiLU and GELU (:data:`SMOOTH_LAYERS`) are *not* piecewise linear: ``q * sigmoid(q)`` and ``q * Phi(q)`` switch
+nothing on or off, no gates held fixed make the network affine, and no switched or gated linear model
+reproduces ``f(x)``: the exact dual view does not apply. Only rules that declare :attr:`Rule.smooth` (the
+surrogate backward of excitation pullbacks, which defines a backward pass, not a linear model) accept
+them, and with them torchvision's squeeze-and-excitation block ``x * s(x)`` (a channel gate, handed to
+:meth:`Rule.channel_gate`) and ``StochasticDepth`` (the identity in eval mode). Everything else (recording and
+imposing gates, gated linear models, switched projections, Insens, path counts, kernels) refuses them by name.
 """
 from __future__ import annotations
 
@@ -63,7 +71,8 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
-    "GATE_LAYERS", "CLIPPED_LAYERS", "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
+    "GATE_LAYERS", "CLIPPED_LAYERS", "SMOOTH_LAYERS",
+    "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
     "unregister_linear_layer", "full_precision", "tf32_off",
     "clip_ceiling", "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates",
     "active_share",
@@ -80,6 +89,9 @@ GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.ReLU,)
 #: gate ``1{0 < q < t}`` plus a constant saturated piece ``t * 1{q >= t}``, accepted by rules with
 #: ``clipped = True``.
 CLIPPED_LAYERS: tuple[type[nn.Module], ...] = (nn.Hardtanh,)
+#: Smooth self-gated activations ``q * g(q)`` (``nn.SiLU``: ``g = sigmoid``; ``nn.GELU``: ``g = Phi``, the
+#: normal CDF): no exact dual view; accepted only by rules with ``smooth = True`` (the surrogate backward).
+SMOOTH_LAYERS: tuple[type[nn.Module], ...] = (nn.SiLU, nn.GELU)
 #: The max-pools: each window passes its winner, a gate over the window (the winners are recorded).
 POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
 _LINEAR_LAYERS: list[type[nn.Module]] = [
@@ -179,20 +191,58 @@ def clip_ceiling(module: nn.Module, label: str = "") -> float:
     return hi
 
 
-def check_supported(model: nn.Module, clipped: bool = False) -> None:
+def _smooth_blocks() -> tuple[tuple[type[nn.Module], ...], tuple[type[nn.Module], ...]]:
+    """torchvision's ``(SqueezeExcitation,), (StochasticDepth,)`` (empty without torchvision)."""
+    try:
+        from torchvision.ops import SqueezeExcitation, StochasticDepth
+    except ImportError:  # pragma: no cover - torchvision is a dependency of the book
+        return (), ()
+    return (SqueezeExcitation,), (StochasticDepth,)
+
+
+def _smooth_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
+    return UnsupportedLayerError(
+        f"layer '{label}' ({type(module).__name__}) is a smooth activation q * g(q) (SiLU: g = sigmoid, "
+        "GELU: g = Phi), not piecewise linear: no gates held fixed make the network affine and no switched "
+        "or gated linear model reproduces f(x), so the exact dual view (recorded and imposed gates, gated "
+        "linear models, switched projections, Insens, path counts, kernels, gated networks) does not apply. "
+        "What runs: excitation pullbacks with surrogate gates (dualview.pullbacks.excitation_pullback, "
+        "explain.attribute(..., 'pullback')) and the gradient-based methods of explain.attribute.")
+
+
+def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = False) -> None:
     """Raise :class:`UnsupportedLayerError` if ``model`` holds a layer dualview cannot handle.
 
     Leaf modules must be supported layers; modules with children must not own parameters of
     their own (their use would be invisible); BatchNorm and Dropout must be in eval mode. Hard-clipped
     ReLUs (:data:`CLIPPED_LAYERS`) are accepted with ``clipped=True`` only (by the computations that handle
-    their saturated piece).
+    their saturated piece); SiLU / GELU (:data:`SMOOTH_LAYERS`), torchvision's ``SqueezeExcitation`` (whose
+    inside is not checked: the rule holds its scale fixed) and ``StochasticDepth`` with ``smooth=True`` only
+    (by the surrogate backward of excitation pullbacks).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
+    channel_gates, depth_drops = _smooth_blocks()
+    skipped: list[str] = []  # the insides of channel gates
     for name, module in model.named_modules():
         label = name or "<model>"
+        if any(name.startswith(p + ".") for p in skipped):
+            continue
+        if smooth and type(module) in channel_gates:
+            skipped.append(name)
+            continue
         children = list(module.children())
+        if isinstance(module, SMOOTH_LAYERS) and not children and \
+                type(module).forward in (nn.SiLU.forward, nn.GELU.forward):
+            if not smooth:
+                raise _smooth_refusal(label, module)
+            continue
+        if smooth and type(module) in depth_drops:
+            if module.training and module.p > 0:
+                raise UnsupportedLayerError(f"layer '{label}' (StochasticDepth) is in training mode, where "
+                                            "it drops rows at random: call model.eval() first.")
+            continue
         if not children:
             if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
                 continue  # an empty container computes nothing
@@ -386,6 +436,10 @@ class Rule:
     #: sites: their output is ``q * G + t * H`` (:func:`dualview.gates.clip_ceiling` gives ``t``), not
     #: ``q * G``. :func:`dualview.gates.instrument` refuses models holding them unless every rule says ``True``.
     clipped: bool = False
+    #: Whether the rule handles the smooth activations (:data:`SMOOTH_LAYERS`, at its ReLU sites: ``module``
+    #: tells them apart), torchvision's squeeze-and-excitation blocks (:meth:`channel_gate`) and
+    #: ``StochasticDepth``: :func:`instrument` refuses models holding them unless every rule says ``True``.
+    smooth: bool = False
 
     def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:
         """Called at each ReLU call (and each hard-clipped ReLU call, for rules with ``clipped = True``)
@@ -400,6 +454,11 @@ class Rule:
 
     def max_pool(self, site: str, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:
         """Called at each max-pool call with its input ``x`` and its output ``out``."""
+        return None
+
+    def channel_gate(self, site: str, module: nn.Module, x: Tensor, scale: Tensor) -> Tensor | None:
+        """Called (rules with ``smooth = True``) at each squeeze-and-excitation call, whose output is
+        ``x * scale`` with the channel gate ``scale = s(x)`` computed by the block."""
         return None
 
     def functional_relu(self, where: str, q: Tensor) -> Tensor | None:
@@ -651,13 +710,16 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     bad = [r for r in rules if not isinstance(r, Rule)]
     if bad:
         raise TypeError(f"instrument expects dualview.gates.Rule objects, got {bad!r}")
-    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules))
+    smooth = bool(rules) and all(r.smooth for r in rules)
+    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules), smooth=smooth)
     if any(m in _INSTRUMENTED for m in model.modules()):
         raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
                            "do not nest the blocks: pass all rules to one block")
     guard = _Guard(rules)
-    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
-    gate_layers = GATE_LAYERS + CLIPPED_LAYERS
+    channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
+    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ())
+    gate_layers = GATE_LAYERS + CLIPPED_LAYERS + (SMOOTH_LAYERS if smooth else ())
+    scales: dict[int, Tensor] = {}  # the scale of each squeeze-and-excitation call, by id of the block
     calls: Counter[str] = Counter()
     captured: dict[int, Tensor] = {}
     depth = [0]
@@ -698,7 +760,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
                 guard.internal -= 1
             _UNVERIFIED.discard(type(mod))  # checked once per class
         guard.stack.append((label, mod, trusted))
-        if isinstance(mod, gate_layers) and mod.inplace:
+        if isinstance(mod, gate_layers) and getattr(mod, "inplace", False):
             # an in-place ReLU overwrites its input: it gets a copy, so that its input keeps the
             # pre-activation for the rules; a later read of that input gets the ReLU's output instead
             captured[id(mod)] = args[0]
@@ -717,7 +779,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
         q, s = captured.pop(id(mod), args[0]), site(label)
         new = _apply(guard, lambda rule: rule.relu_output(s, mod, q, out), f"ReLU call '{s}'")
         pop(mod, args, out if new is None else new)
-        if mod.inplace:
+        if getattr(mod, "inplace", False):
             guard.stale[id(q)] = (weakref.ref(q), out if new is None else new)
         return new
 
@@ -727,13 +789,31 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
         pop(mod, args, out if new is None else new)
         return new
 
+    def at_channel_gate(mod, args, out, label):  # out = x * scale, the scale recorded by its sigmoid's hook
+        s = site(label)
+        scale = scales.pop(id(mod), None)
+        if scale is None:  # the block left before its sigmoid ran (an exception): nothing to replace
+            pop(mod, args, out)
+            return None
+        new = _apply(guard, lambda rule: rule.channel_gate(s, mod, args[0], scale), f"channel gate '{s}'")
+        pop(mod, args, out if new is None else new)
+        return new
+
     handles = [model.register_forward_pre_hook(enter)]
+    inside: list[str] = []  # the insides of channel gates: not hooked (the block is trusted as a whole)
     try:
         for name, module in model.named_modules():
             label = name or "<model>"
+            if any(name.startswith(p + ".") for p in inside):
+                continue
+            if type(module) in channel_gates:
+                inside.append(name)
+                handles.append(module.scale_activation.register_forward_hook(
+                    lambda m, a, o, key=id(module): scales.__setitem__(key, o)))
             post = partial(at_relu, label=label) if isinstance(module, gate_layers) else \
-                partial(at_pool, label=label) if isinstance(module, POOL_GATE_LAYERS) else pop
-            trusted = getattr(type(module), "linear_layer", False) or \
+                partial(at_pool, label=label) if isinstance(module, POOL_GATE_LAYERS) else \
+                partial(at_channel_gate, label=label) if type(module) in channel_gates else pop
+            trusted = getattr(type(module), "linear_layer", False) or type(module) in channel_gates or \
                 (not any(True for _ in module.children()) and isinstance(module, supported))
             handles += [module.register_forward_pre_hook(partial(push, label=label, trusted=trusted)),
                         module.register_forward_hook(post, always_call=True)]

@@ -20,7 +20,12 @@ non-linearity there (``F.gelu``, ``F.max_pool2d``, ``clamp``, ...) and any unsup
 :class:`~dualview.gates.UnsupportedLayerError`. Hard-clipped ReLUs (``nn.ReLU6``, ``nn.Hardtanh(0, t)``, e.g.
 MobileNetV2's) are supported exactly: ``min(max(q, 0), t) = relu(q) - relu(q - t)`` gets the surrogate
 derivative ``sigmoid(q / tau) - sigmoid((q - t) / tau)`` and, in gated linear models, its constant saturated
-piece ``t * 1{q >= t}`` held fixed at ``x`` (see :mod:`dualview.gates`). SiLU, GELU and Hardswish are refused.
+piece ``t * 1{q >= t}`` held fixed at ``x`` (see :mod:`dualview.gates`). SiLU and GELU (and torchvision's
+squeeze-and-excitation blocks and StochasticDepth, i.e. EfficientNet) get the surrogate gates of
+:mod:`dualview.surrogates` (``sigmoid(q / tau)``, ``Phi(q / tau)``, after the authors' follow-up code
+``314-Foundation/SemanticPullbacks``): a pullback is then still a well-defined backward pass, but NOT an exact
+dual view (the network is not piecewise linear, no switched linear model reproduces ``f(x)``), so
+:func:`excitation_gates` and :func:`gated_linear_model` refuse them. Hardswish is refused.
 
 On top: :func:`excitation_pullback` and :func:`input_gradient` (batched, one target per sample),
 :func:`projected_gradient_ascent` (the counterfactuals of Section 5.1), and the objects of the theory
@@ -93,12 +98,18 @@ class PatchReport:
     def functional_relu_calls(self) -> int:
         return self.rule.functional_relu_calls
 
+    @property
+    def smooth_calls(self) -> int:
+        """SiLU / GELU calls given their surrogate gate."""
+        return self.rule.smooth_calls
+
 
 @contextlib.contextmanager
 def excitation_backward(
     model: nn.Module,
     temperature: float = DEFAULT_TEMPERATURE,
     pool_temperature: float | None = None,
+    smooth_temperature: float | None = None,
 ) -> Iterator[PatchReport]:
     """Inside the block, ``model``'s backward pass computes excitation pullbacks (Section 5.2-5.3).
 
@@ -108,10 +119,12 @@ def excitation_backward(
     accepts, plus functional ReLUs in ``forward`` (torchvision's ResNet50, VGG11_BN and DenseNet121,
     the zoo's CIFAR ResNets and MNIST CNNs, in eval mode). Call the model itself (not a submodule)
     inside the block; blocks do not nest. On exit every hook is removed, also on an exception;
-    parameters and modules are never touched. Yields a :class:`PatchReport`.
+    parameters and modules are never touched. Yields a :class:`PatchReport`. SiLU / GELU units multiply the
+    gradient by their surrogate gate at ``smooth_temperature``
+    (:func:`dualview.surrogates.smooth_gate`; not an exact dual view, see the module's docstring).
     """
-    rule = SurrogateBackward(temperature, pool_temperature)
-    check_supported(model, clipped=True)
+    rule = SurrogateBackward(temperature, pool_temperature, smooth_temperature)
+    check_supported(model, clipped=True, smooth=True)
     named = [(name or "<model>", m) for name, m in model.named_modules()]
     for label, m in named:
         if isinstance(m, POOL_GATE_LAYERS) and m.return_indices:
@@ -128,15 +141,16 @@ def excitation_backward(
 
 
 def _pullback_and_logits(
-    model: nn.Module, x: Tensor, target, temperature: float, pool_temperature: float | None
+    model: nn.Module, x: Tensor, target, temperature: float, pool_temperature: float | None,
+    smooth_temperature: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(pullback, logits, targets)``: the pullback of ``logits[n, target[n]]`` for every sample ``n``."""
     check_batch(x, floating=True)
     t = check_temperature(temperature)
     check_eval(model)  # before any forward: a refused call leaves the model untouched
     xg = x.detach().clone().requires_grad_(True)
-    ctx = contextlib.nullcontext() if t == 0 and not pool_temperature else \
-        excitation_backward(model, t, pool_temperature)
+    ctx = contextlib.nullcontext() if t == 0 and not pool_temperature and smooth_temperature is None else \
+        excitation_backward(model, t, pool_temperature, smooth_temperature)
     with torch.enable_grad(), ctx:
         logits = model(xg)
         if logits.dim() != 2:
@@ -150,6 +164,7 @@ def _pullback_and_logits(
 def excitation_pullback(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     temperature: float = DEFAULT_TEMPERATURE, pool_temperature: float | None = None,
+    smooth_temperature: float | None = None,
 ) -> Tensor:
     """The excitation pullback of the class neuron ``target`` at each input (Hypothesis 1, Section 5.2).
 
@@ -157,8 +172,15 @@ def excitation_pullback(
     shaped like ``x``: the backward pass of the logit with the surrogate ReLU / max-pool derivatives of
     :func:`excitation_backward`. ``temperature = 0`` (and ``pool_temperature`` 0 or None) is the plain
     input gradient. Samples are independent (the model must be in eval mode).
+
+    SiLU / GELU models: every SiLU (GELU) unit's derivative becomes its gate ``sigmoid(q / tau_s)`` (``Phi(q /
+    tau_s)``), ``tau_s = smooth_temperature`` (default 1.6 for SiLU, 1.0 for GELU, the follow-up code's;
+    :func:`dualview.surrogates.smooth_gate`), and a squeeze-and-excitation block ``x * s(x)`` passes the
+    gradient to ``x`` times ``s(x)`` held fixed. This is exactly the gradient of the network in which each
+    such unit computes ``q * stopgrad(gate(q))`` and each block ``x * stopgrad(s(x))`` (same forward), NOT a
+    gated linear model of the network: it is not piecewise linear, and nothing linear reproduces ``f(x)``.
     """
-    return _pullback_and_logits(model, x, target, temperature, pool_temperature)[0]
+    return _pullback_and_logits(model, x, target, temperature, pool_temperature, smooth_temperature)[0]
 
 
 def input_gradient(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor) -> Tensor:

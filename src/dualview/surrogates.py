@@ -6,6 +6,20 @@ gate). The excitation pullback is an ordinary backward pass in which every ReLU'
 ``1{q > 0}`` is replaced by its soft gate (Listing 1 there) and every max-pool's derivative by that of
 softmax pooling at the same temperature (Listing 2), the forward pass being unchanged.
 
+SiLU and GELU are not ReLUs and the paper's theory does not cover them (its Section 6.3, Limitations:
+they need a "certain refinement of the computation of Gamma"). Both are *self-gated*, ``q * g(q)`` with
+``g = sigmoid`` (SiLU) or ``g = Phi``, the standard normal CDF (GELU), so their surrogate takes the gate
+itself as the unit's excitation: the backward pass multiplies by ``sigmoid(q / tau)`` or ``Phi(q / tau)``
+(:func:`smooth_gate`) instead of the true derivative ``g(q) + q g'(q)``, i.e. it differentiates
+``q * stopgrad(g(q / tau))``. This is the choice of the authors' follow-up code (repository
+``314-Foundation/SemanticPullbacks``, file ``lib/surrogates.py``: ``SurrogateSiLU`` returns
+``F.sigmoid(x / temperature)``, ``SurrogateGELU`` ``normal_cdf(x, temperature)``, applied as
+``x * grad.detach()``), with its default temperatures 1.6 (SiLU) and 1.0 (GELU) (``lib/defaults.py``; 1.0 is
+GELU's own gate). Squeeze-and-excitation blocks ``x * s(x)`` (EfficientNet) get their channel gate ``s(x)``
+held fixed in the backward pass, as that code holds attention weights fixed (``attn.detach()``). This is a
+surrogate backward, NOT an exact dual view: such a network is not piecewise linear, and no switched linear
+model reproduces ``f(x)`` (:mod:`dualview.gates` refuses them everywhere else).
+
 This module holds those pieces: :func:`soft_gates`, :func:`surrogate_relu`, :func:`soft_max_pool` and
 :func:`surrogate_max_pool` as functions, and :class:`SurrogateBackward`, the
 :class:`dualview.gates.Rule` that installs them on every ReLU and max-pool of a model inside
@@ -25,7 +39,8 @@ from torch.nn.modules.utils import _pair
 
 from dualview.gates import Rule
 
-__all__ = ["check_temperature", "soft_gates", "clipped_soft_gate", "surrogate_relu", "soft_max_pool",
+__all__ = ["check_temperature", "soft_gates", "clipped_soft_gate", "SMOOTH_TEMPERATURES", "smooth_gate",
+           "surrogate_relu", "soft_max_pool",
            "surrogate_max_pool", "SurrogateBackward"]
 
 
@@ -105,6 +120,42 @@ def clipped_soft_gate(q: Tensor, ceiling: float, temperature: float) -> Tensor:
     if tau == 0:
         return ((q > 0) & (q < ceiling)).to(q.dtype)
     return torch.sigmoid(q / tau) - torch.sigmoid((q - ceiling) / tau)
+
+
+SMOOTH_TEMPERATURES: dict[type[nn.Module], float] = {nn.SiLU: 1.6, nn.GELU: 1.0}
+"""Default temperatures of the smooth activations' gates (``lib/defaults.py`` of
+``314-Foundation/SemanticPullbacks``)."""
+
+
+def smooth_gate(module: nn.Module, q: Tensor, temperature: float | None = None) -> Tensor:
+    """The surrogate gate of a SiLU (``sigmoid(q / tau)``) or GELU (``Phi(q / tau)``, the standard normal CDF)
+    unit: the factor that the excitation pullback's backward pass multiplies by. ``temperature=None``: the
+    default of :data:`SMOOTH_TEMPERATURES`; 0: the hard gate ``1{q > 0}`` (as floats)."""
+    base = next((c for c in SMOOTH_TEMPERATURES if isinstance(module, c)), None)
+    if base is None:
+        raise TypeError(f"smooth_gate expects an nn.SiLU or nn.GELU, got {type(module).__name__}")
+    tau = SMOOTH_TEMPERATURES[base] if temperature is None else check_temperature(temperature)
+    if tau == 0:
+        return (q > 0).to(q.dtype)
+    if base is nn.SiLU:
+        return torch.sigmoid(q / tau)
+    return 0.5 * (1 + torch.erf(q / (tau * math.sqrt(2))))
+
+
+class _HeldFactor(torch.autograd.Function):
+    """Forward: the layer's own output ``out``; backward: the incoming gradient times ``factor`` (with respect
+    to ``q``): the derivative of ``q * stopgrad(factor)``."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, factor: Tensor, out: list) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(factor)
+        return out[0].detach()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+        (factor,) = ctx.saved_tensors
+        return grad_output * factor, None, None
 
 
 def surrogate_relu(z: Tensor, temperature: float) -> Tensor:
@@ -259,21 +310,33 @@ class SurrogateBackward(Rule):
     ``temperature``; 0 keeps max-pools hard). Counts the calls it patched. A hard-clipped ReLU
     ``min(max(q, 0), t) = relu(q) - relu(q - t)`` (``nn.ReLU6``) gets the difference of its two ReLUs'
     surrogate derivatives, ``sigmoid(q / tau) - sigmoid((q - t) / tau)`` (:func:`clipped_soft_gate`; our
-    extension of Listing 1, which covers ReLUs only).
+    extension of Listing 1, which covers ReLUs only). A SiLU or GELU unit's derivative becomes its gate
+    :func:`smooth_gate` at ``smooth_temperature`` (default: :data:`SMOOTH_TEMPERATURES`), and a
+    squeeze-and-excitation block ``x * s(x)`` passes the gradient to ``x`` only, times ``s(x)`` held fixed
+    (see the module's docstring: a surrogate, not an exact dual view).
     """
 
     clipped = True
+    smooth = True
 
-    def __init__(self, temperature: float, pool_temperature: float | None = None) -> None:
+    def __init__(self, temperature: float, pool_temperature: float | None = None,
+                 smooth_temperature: float | None = None) -> None:
         self.temperature = check_temperature(temperature)
         self.pool_temperature = self.temperature if pool_temperature is None else \
             check_temperature(pool_temperature, "pool_temperature")
-        self.relu_calls = self.pool_calls = self.functional_relu_calls = 0
+        self.smooth_temperature = None if smooth_temperature is None else \
+            check_temperature(smooth_temperature, "smooth_temperature")
+        self.relu_calls = self.pool_calls = self.functional_relu_calls = self.smooth_calls = 0
 
     def relu(self, site, module, q):
         return self.relu_output(site, module, q, None)
 
     def relu_output(self, site, module, q, out):
+        if isinstance(module, (nn.SiLU, nn.GELU)):  # instrument checked it is the plain layer
+            self.smooth_calls += 1
+            if out is None:
+                out = F.silu(q) if isinstance(module, nn.SiLU) else F.gelu(q, approximate=module.approximate)
+            return _HeldFactor.apply(q, smooth_gate(module, q.detach(), self.smooth_temperature), [out])
         self.relu_calls += 1
         if isinstance(module, nn.Hardtanh):  # a hard-clipped ReLU (instrument checked its floor is 0)
             return _SurrogateClippedReLU.apply(q, self.temperature, float(module.max_val),
@@ -285,6 +348,9 @@ class SurrogateBackward(Rule):
         if self.pool_temperature == 0:
             return None
         return _SurrogateMaxPool.apply(x, _PoolSpec.of_module(module), self.pool_temperature)
+
+    def channel_gate(self, site, module, x, scale):
+        return _HeldFactor.apply(x, scale.detach(), [x * scale])
 
     def functional_relu(self, where, q):
         self.functional_relu_calls += 1

@@ -436,9 +436,10 @@ class Rule:
     #: sites: their output is ``q * G + t * H`` (:func:`dualview.gates.clip_ceiling` gives ``t``), not
     #: ``q * G``. :func:`dualview.gates.instrument` refuses models holding them unless every rule says ``True``.
     clipped: bool = False
-    #: Whether the rule handles the smooth activations (:data:`SMOOTH_LAYERS`, at its ReLU sites: ``module``
-    #: tells them apart), torchvision's squeeze-and-excitation blocks (:meth:`channel_gate`) and
-    #: ``StochasticDepth``: :func:`instrument` refuses models holding them unless every rule says ``True``.
+    #: Whether the rule handles the smooth activations (:data:`dualview.gates.SMOOTH_LAYERS`, at its ReLU
+    #: sites: ``module`` tells them apart), torchvision's squeeze-and-excitation blocks
+    #: (:meth:`dualview.gates.Rule.channel_gate`) and ``StochasticDepth``: :func:`dualview.gates.instrument`
+    #: refuses models holding them unless every rule says ``True``.
     smooth: bool = False
 
     def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:

@@ -289,6 +289,9 @@ def test_training_routes_and_reduces_penalty():
     model = lv.FeatureLevelingNet([3, 8], 2, init_log_alpha=0.0)
     hist = lv.fit_leveling(model, (x, y), epochs=3, lam=0.5, batch_size=64, progress=False)
     assert len(hist.loss) == len(hist.records["deeper"]) == 3 and hist.penalty[-1] < hist.penalty[0]
+    # the recorded routing gates are each epoch's test-time gates: they count the recorded features routed deeper
+    assert [[int(z.sum()) for z in zs] for zs in hist.records["routing"]] == hist.records["deeper"]
+    assert all(torch.equal(a, b) for a, b in zip(hist.records["routing"][-1], model.routing_gates()))
     net = lv.FeatureLevelingNet([3, 4], 1)
     reg = lv.fit_leveling(net, (x, y.double()), epochs=1, task="regression", test=(x, y.double()), progress=False)
     net.eval()  # the recorded test metric is the RMSE of the trained network, in eval mode

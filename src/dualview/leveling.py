@@ -384,7 +384,8 @@ def fit_leveling(model: nn.Module, train_data, epochs: int, lam: float = 0.0, lr
     epochs, train this many more with the routing gates fixed at their test-time values (no
     sampling, no penalty), so the weights fit the final routing. Other keyword arguments (``task``,
     ``batch_size``, ``test``, ``seed``, ``progress``) go to :func:`~dualview.train.fit`. The history
-    records the penalty every epoch and, as ``records["deeper"]``, the features routed deeper per layer.
+    records the penalty every epoch and, as ``records["deeper"]``, the features routed deeper per layer, and
+    as ``records["routing"]`` the test-time routing gates of every hidden layer (:meth:`routing_gates`, on the CPU).
     """
     if not isinstance(model, _Leveling):
         raise TypeError(f"fit_leveling trains a feature-leveling network, got {type(model).__name__}; "
@@ -407,7 +408,8 @@ def fit_leveling(model: nn.Module, train_data, epochs: int, lam: float = 0.0, lr
 
     return train.fit(model, train_data, epochs + finetune, lr=lr, parameters=groups, penalty=l0_penalty,
                      penalty_weight=penalty_weight, forward=forward,
-                     record={"deeper": lambda net: routing_summary(net).deeper}, **fit_kwargs)
+                     record={"deeper": lambda net: routing_summary(net).deeper,
+                             "routing": lambda net: [z.cpu() for z in net.routing_gates()]}, **fit_kwargs)
 
 
 def glm_inputs_reference(model: FeatureLevelingNet, x: Tensor, routing: Sequence[Tensor]) -> list[Tensor]:

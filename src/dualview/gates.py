@@ -203,9 +203,10 @@ def _smooth_blocks() -> tuple[tuple[type[nn.Module], ...], tuple[type[nn.Module]
 def _smooth_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
     return UnsupportedLayerError(
         f"layer '{label}' ({type(module).__name__}) is a smooth activation q * g(q) (SiLU: g = sigmoid, "
-        "GELU: g = Phi), not piecewise linear: no gates held fixed make the network affine and no switched "
-        "or gated linear model reproduces f(x), so the exact dual view (recorded and imposed gates, gated "
-        "linear models, switched projections, Insens, path counts, kernels, gated networks) does not apply. "
+        "GELU: g = Phi), not an on/off gate: its factor g(q) lies strictly between 0 and 1, the network is not "
+        "piecewise linear (frozen at x it equals f only at x, on no region), and there are no on/off paths and "
+        "no inactive state, so the exact dual view (recorded and imposed gates, gated linear models, switched "
+        "projections, Insens, path counts, kernels, gated networks) does not apply. "
         "What runs: excitation pullbacks with surrogate gates (dualview.pullbacks.excitation_pullback, "
         "explain.attribute(..., 'pullback')) and the gradient-based methods of explain.attribute.")
 

@@ -16,9 +16,10 @@ itself as the unit's excitation: the backward pass multiplies by ``sigmoid(q / t
 ``F.sigmoid(x / temperature)``, ``SurrogateGELU`` ``normal_cdf(x, temperature)``, applied as
 ``x * grad.detach()``), with its default temperatures 1.6 (SiLU) and 1.0 (GELU) (``lib/defaults.py``; 1.0 is
 GELU's own gate). Squeeze-and-excitation blocks ``x * s(x)`` (EfficientNet) get their channel gate ``s(x)``
-held fixed in the backward pass, as that code holds attention weights fixed (``attn.detach()``). This is a
-surrogate backward, NOT an exact dual view: such a network is not piecewise linear, and no switched linear
-model reproduces ``f(x)`` (:mod:`dualview.gates` refuses them everywhere else).
+held fixed in the backward pass: our own choice (that code has no rule for them and differentiates through
+``s``). This is a surrogate backward, NOT an exact dual view: such a network is not piecewise linear (frozen
+at ``x`` it equals ``f`` only at ``x``, on no region), and it has no on/off paths and no inactive state
+(:mod:`dualview.gates` refuses them everywhere else).
 
 This module holds those pieces: :func:`soft_gates`, :func:`surrogate_relu`, :func:`soft_max_pool` and
 :func:`surrogate_max_pool` as functions, and :class:`SurrogateBackward`, the

@@ -385,7 +385,7 @@ def fit_leveling(model: nn.Module, train_data, epochs: int, lam: float = 0.0, lr
     sampling, no penalty), so the weights fit the final routing. Other keyword arguments (``task``,
     ``batch_size``, ``test``, ``seed``, ``progress``) go to :func:`~dualview.train.fit`. The history
     records the penalty every epoch and, as ``records["deeper"]``, the features routed deeper per layer, and
-    as ``records["routing"]`` the test-time routing gates of every hidden layer (:meth:`routing_gates`, on the CPU).
+    as ``records["routing"]`` the test-time routing gates of every hidden layer (``model.routing_gates()``, on the CPU).
     """
     if not isinstance(model, _Leveling):
         raise TypeError(f"fit_leveling trains a feature-leveling network, got {type(model).__name__}; "

@@ -266,6 +266,31 @@ def test_quantus_known_answers():
         metrics.quantus_scores(sparse, model, x, y)
 
 
+def test_quantus_nan_scores_raise_instead_of_reaching_an_average():
+    # a network whose softmax probability of class 0 rounds to exactly 1.0 (float32) under every perturbation:
+    # the faithfulness correlation of its probabilities is 0/0; on the logits it is defined
+    import quantus
+
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 2)).eval()
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[1].weight[0] = 1.0
+        model[1].bias.copy_(torch.tensor([200.0, 0.0]))
+    torch.manual_seed(0)
+    x, y = torch.rand(3, 1, 8, 8), torch.zeros(3, dtype=torch.long)
+    a = torch.randn(3, 1, 8, 8)
+
+    def fc():
+        return quantus.FaithfulnessCorrelation(nr_runs=10, subset_size=8, perturb_baseline=0.0, abs=False,
+                                               normalise=False, return_aggregate=False, disable_warnings=True)
+
+    np.random.seed(0)
+    with pytest.raises(ValueError, match=r"NaN or infinite scores for 3 of 3 samples.*softmax=False"):
+        metrics.quantus_scores(fc(), model, x, y, maps=a, softmax=True)
+    np.random.seed(0)
+    assert np.isfinite(metrics.quantus_scores(fc(), model, x, y, maps=a, softmax=False)).all()
+
+
 def test_quantus_road_keeps_per_sample_results():
     import quantus
 

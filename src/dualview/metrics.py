@@ -151,6 +151,8 @@ def quantus_scores(metric: Any, model: nn.Module, x: Tensor, target: int | Seque
     what Quantus returns for the batch: a ``(N,)`` array for most metrics, a dict (layer -> ``(N,)`` scores)
     for MPRT, and for ROAD a ``(N, P)`` 0/1 array (still classified correctly after imputing each of the
     ``P`` percentages of top pixels) instead of Quantus' average, so that intervals can be taken over samples.
+    A NaN or infinite score (e.g. faithfulness correlation on a softmax probability saturated at 1.0, whose
+    perturbations change nothing) raises ``ValueError`` naming the samples, instead of reaching an average.
 
     Quantus 0.6 integrates curves with ``np.trapz``, which NumPy 2.4 removed; where it is missing, its
     helper ``calculate_auc`` is pointed at ``np.trapezoid`` (the same trapezoid rule) before the call.
@@ -175,7 +177,20 @@ def quantus_scores(metric: Any, model: nn.Module, x: Tensor, target: int | Seque
                     explain_func=explain_func, explain_func_kwargs=explain_func_kwargs or {},
                     batch_size=len(x), softmax=softmax)
     if type(metric).__name__ == "ROAD":
-        return np.concatenate([np.asarray(batch, dtype=np.float64) for batch in metric.evaluation_scores])
-    if isinstance(scores, dict):
-        return {k: np.asarray(v, dtype=np.float64) for k, v in scores.items()}
-    return np.asarray(scores, dtype=np.float64)
+        result = np.concatenate([np.asarray(batch, dtype=np.float64) for batch in metric.evaluation_scores])
+    elif isinstance(scores, dict):
+        result = {k: np.asarray(v, dtype=np.float64) for k, v in scores.items()}
+    else:
+        result = np.asarray(scores, dtype=np.float64)
+    for key, arr in (result.items() if isinstance(result, dict) else [(None, result)]):
+        bad = np.flatnonzero(~np.isfinite(arr).reshape(len(arr), -1).all(1)) if arr.ndim else \
+            np.arange(int(not np.isfinite(arr)))
+        if len(bad):
+            where = f" (layer {key!r})" if key is not None else ""
+            raise ValueError(
+                f"{type(metric).__name__}{where} returned NaN or infinite scores for {len(bad)} of {len(arr)} "
+                f"samples (indices {bad[:10].tolist()}{' ...' if len(bad) > 10 else ''}). A correlation is "
+                "undefined when the model's output never changes under the perturbations, e.g. a softmax "
+                "probability saturated at exactly 1.0: score the logits (softmax=False) or leave those samples "
+                "out and say so.")
+    return result

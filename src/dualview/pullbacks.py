@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from dualview.gates import CLIPPED_LAYERS, GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, \
-    check_batch, check_eval, check_reproduces, check_supported, full_precision, instrument, record_gates, \
+    check_batch, check_eval, check_reproduces, full_precision, instrument, record_gates, \
     run_with_gates
 from dualview.metrics import target_classes
 from dualview.surrogates import SurrogateBackward, check_temperature, clipped_soft_gate, soft_gates
@@ -124,7 +124,6 @@ def excitation_backward(
     (:func:`dualview.surrogates.smooth_gate`; not an exact dual view, see the module's docstring).
     """
     rule = SurrogateBackward(temperature, pool_temperature, smooth_temperature)
-    check_supported(model, clipped=True, smooth=True)
     named = [(name or "<model>", m) for name, m in model.named_modules()]
     for label, m in named:
         if isinstance(m, POOL_GATE_LAYERS) and m.return_indices:
@@ -132,7 +131,7 @@ def excitation_backward(
                 f"max-pool '{label}' has return_indices=True; excitation pullbacks need a plain max-pool")
     report = PatchReport(rule, [label for label, m in named if isinstance(m, GATE_LAYERS + CLIPPED_LAYERS)],
                          [label for label, m in named if isinstance(m, POOL_GATE_LAYERS)])
-    with instrument(model, rule):
+    with instrument(model, rule):  # checks the model (check_supported with clipped and smooth)
         yield report
 
 

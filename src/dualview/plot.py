@@ -137,7 +137,8 @@ def draw_network(model: nn.Module, x: Tensor | None = None, ax=None, title: str 
 
     Units are drawn in columns, one per layer. With ``x`` (one input), units whose gate is off are
     hollow and every edge that touches them is faded: what remains in colour is the active
-    sub-network, a linear network (red: positive weight, blue: negative; line width grows with the weight's magnitude).
+    sub-network, an affine network, linear in the augmented input (red: positive weight, blue: negative;
+    line width grows with the weight's magnitude).
     Input units are sized by the magnitude of the input coordinate.
     """
     layers = fc_layers(model)

@@ -1,7 +1,8 @@
 """Tests of dualview.zoo: the pretrained weights reproduce the accuracies of the data README.
 
-Run with DUALVIEW_DATA=/path/to/shared/data. The accuracy tests evaluate on the full test sets
-(ResNet-32/44 on a 2,000-image and ResNet-56 on a 3,000-image stratified subset) and take about a minute on two CPU cores.
+Run with DUALVIEW_DATA=/path/to/shared/data. The accuracy tests evaluate the MNIST networks on the full test
+set and the CIFAR ResNets on a 2,000-image stratified subset (the README's accuracy is then compared within four
+binomial standard errors), about half a minute on two CPU cores.
 """
 from __future__ import annotations
 
@@ -52,10 +53,10 @@ ACCURACY = [
     ("mnist-lenet5", 0.988, None),
     ("advertorch-lenet5-clean", 0.987, None),
     ("advertorch-lenet5-adv", 0.984, None),
-    ("resnet20", 0.80, None),
+    ("resnet20", 0.80, 200),
     ("resnet32", 0.80, 200),
     ("resnet44", 0.80, 200),
-    ("resnet56", 0.82, 300),
+    ("resnet56", 0.82, 200),
 ]
 
 
@@ -69,8 +70,10 @@ def test_pretrained_accuracy(test_sets, name, bound, per_class):
     assert not any(m.training for m in model.modules())
     acc = accuracy(model, data.x, data.y)
     assert acc >= bound, f"{name}: {acc:.4f} < {bound} on {len(data)} images of {data.source}"
-    if per_class is None and PRETRAINED[name].accuracy is not None:  # the README's number
-        assert abs(acc - PRETRAINED[name].accuracy) < 0.01
+    readme = PRETRAINED[name].accuracy  # the README's number, on the whole test set
+    if readme is not None:  # on a subset: within four binomial standard errors of it
+        tolerance = 0.01 if per_class is None else max(0.01, 4 * (readme * (1 - readme) / len(data)) ** 0.5)
+        assert abs(acc - readme) < tolerance, f"{name}: {acc:.4f} on {len(data)} images, README {readme}"
 
 
 def test_registry():

@@ -638,8 +638,9 @@ class _Guard(TorchFunctionMode):
             f"the forward of {where} calls {_op_name(func)} as a function on a tensor that depends on the "
             f"input, at {_user_frame()}: {problem}. dualview refuses what it does not know to be linear, a "
             "gate or a supported piecewise-linear layer, because the dual view (gates, switched and gated "
-            "linear models, pullbacks, Insens) would silently be wrong. What to do: use one nn.ReLU / "
-            "nn.MaxPool2d module per use for gates (their gates are recorded); other non-linearities "
+            "linear models, pullbacks, Insens) would silently be wrong. What to do: apply ReLUs and max-pools "
+            "through nn.ReLU / nn.MaxPool2d modules (their gates are recorded; a module may be called more "
+            "than once, each call is its own gate site); other non-linearities "
             "(softmax and attention, normalisation by the input's own statistics, GELU/SiLU/tanh, clamps, "
             "max/amax, products of two activations) are outside the exact dual view of ReLU networks.")
         raise self.pending

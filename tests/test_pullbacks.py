@@ -171,6 +171,28 @@ def test_model_restored_after_block_and_after_exception(resnet20, cifar_batch):
     assert torch.equal(plain_gradient(resnet20, cifar_batch, 0), pb.input_gradient(resnet20, cifar_batch, 0))
 
 
+def test_parameters_requires_grad_restored_also_after_an_error():
+    # the pullback switches the parameters' requires_grad off for its own call (only the input's gradient is
+    # needed) and must leave every flag as it found it, also a parameter the user froze, also after an error
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)).eval()
+    net[0].bias.requires_grad_(False)
+    flags = [p.requires_grad for p in net.parameters()]
+    x = torch.rand(2, 1, 8, 8)
+    v = pb.excitation_pullback(net, x, 1)
+    assert [p.requires_grad for p in net.parameters()] == flags
+    with pytest.raises(RuntimeError):
+        pb.excitation_pullback(net, torch.rand(2, 2, 8, 8), 1)    # wrong channels: fails inside forward
+    assert [p.requires_grad for p in net.parameters()] == flags
+    # same values as a pullback taken with every flag on (the flags change what autograd saves, not the result)
+    for p in net.parameters():
+        p.requires_grad_(True)
+    assert torch.allclose(v, pb.excitation_pullback(net, x, 1), rtol=0, atol=1e-7)
+    loss = net(x).sum()
+    loss.backward()                                              # weight gradients still work afterwards
+    assert net[0].weight.grad is not None
+
+
 def test_nested_blocks_refused(resnet20):
     before = snapshot(resnet20)
     with pb.excitation_backward(resnet20):

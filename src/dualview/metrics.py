@@ -184,12 +184,12 @@ def quantus_scores(metric: Any, model: nn.Module, x: Tensor, target: int | Seque
     else:
         result = np.asarray(scores, dtype=np.float64)
     for key, arr in (result.items() if isinstance(result, dict) else [(None, result)]):
-        bad = np.flatnonzero(~np.isfinite(arr).reshape(len(arr), -1).all(1)) if arr.ndim else \
-            np.arange(int(not np.isfinite(arr)))
+        per_sample = np.atleast_1d(arr).reshape(len(np.atleast_1d(arr)), -1)
+        bad = np.flatnonzero(~np.isfinite(per_sample).all(1))
         if len(bad):
             where = f" (layer {key!r})" if key is not None else ""
             raise ValueError(
-                f"{type(metric).__name__}{where} returned NaN or infinite scores for {len(bad)} of {len(arr)} "
+                f"{type(metric).__name__}{where} returned NaN or infinite scores for {len(bad)} of {len(per_sample)} "
                 f"samples (indices {bad[:10].tolist()}{' ...' if len(bad) > 10 else ''}). A correlation is "
                 "undefined when the model's output never changes under the perturbations, e.g. a softmax "
                 "probability saturated at exactly 1.0: score the logits (softmax=False) or leave those samples "

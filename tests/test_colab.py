@@ -136,7 +136,7 @@ def test_colab_copy_in_a_fresh_environment(name, tmp_path, mirror_folder):  # no
         env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv),
                    XDG_CACHE_HOME=str(tmp_path / "cache"), PIP_CACHE_DIR=pip_cache, MPLBACKEND="agg")
         preinstall_torch(venv, python, tmp_path / "colab-site")
-        run(str(python), "-m", "pip", "install", "--quiet", *COLAB_PREINSTALLED, env=env)
+        run(str(python), "-m", "pip", "install", "--quiet", "--no-compile", *COLAB_PREINSTALLED, env=env)
         before = run(str(python), "-m", "pip", "list", "--format=freeze", env=env)
         assert "dualview" not in before
 

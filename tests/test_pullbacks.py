@@ -340,7 +340,15 @@ def test_projected_gradient_ascent(resnet20, cifar_batch):
         assert torch.all(r.distance <= radius * (1 + 1e-5)) and torch.all(r.distance[0] == 0)
         assert r.x.min() >= 0 and r.x.max() <= 1 and torch.allclose(r.delta, r.x - x)
         assert torch.all(r.gain[-1] > 0)
-        assert r.success.dtype == torch.bool
+        assert r.success.dtype == torch.bool and r.path is None
+        kept = pb.projected_gradient_ascent(resnet20, x, 2, method=method, step_size=step, radius=radius,
+                                            steps=3, bounds=(0.0, 1.0), keep_path=True)
+        assert kept.path.shape == (4, *x.shape) and torch.equal(kept.path[0], x) and torch.equal(kept.path[-1], r.x)
+        for k in (1, 2):  # step k of the kept path is where a k-step ascent ends
+            alone = pb.projected_gradient_ascent(resnet20, x, 2, method=method, step_size=step, radius=radius,
+                                                 steps=k, bounds=(0.0, 1.0))
+            torch.testing.assert_close(kept.path[k], alone.x, rtol=0, atol=1e-6)
+        torch.testing.assert_close(kept.distance, (kept.path - x).flatten(2).norm(dim=2))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -219,7 +219,8 @@ class AscentResult:
     """Projected gradient ascent towards target logits.
 
     ``x``: the final images; ``delta = x - x_0``; per step ``k = 0..steps`` and sample:
-    ``target_logit[k]``, ``predicted[k]`` (argmax class) and ``distance[k] = ||x_k - x_0||_2``.
+    ``target_logit[k]``, ``predicted[k]`` (argmax class) and ``distance[k] = ||x_k - x_0||_2``;
+    ``path[k]`` the images ``x_k`` themselves (only with ``keep_path=True``, else ``None``).
     """
 
     x: Tensor
@@ -228,6 +229,7 @@ class AscentResult:
     target_logit: Tensor
     predicted: Tensor
     distance: Tensor
+    path: Tensor | None = None
 
     @property
     def success(self) -> Tensor:
@@ -244,7 +246,7 @@ def projected_gradient_ascent(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor, *,
     method: str = "pullback", temperature: float = DEFAULT_TEMPERATURE, pool_temperature: float | None = None,
     step_size: float = 20.0, radius: float = 100.0, steps: int = 10,
-    bounds: tuple[float, float] | None = (-1.0, 1.0),
+    bounds: tuple[float, float] | None = (-1.0, 1.0), keep_path: bool = False,
 ) -> AscentResult:
     """Steps of fixed L2 length ``step_size`` along the pullback (or the plain gradient) of the target logit,
     each followed by projection onto the L2 ball of ``radius`` around ``x`` and clamping to ``bounds``.
@@ -252,6 +254,7 @@ def projected_gradient_ascent(
     The defaults are the paper's (Section 5.1: steps of norm 20, radius 100, 10 steps, images in
     [-1, 1] at 3x224x224); for other inputs rescale the norms with :func:`rescale_norm` and pass the
     model's input range as ``bounds`` (``None``: no clamping). ``method``: ``"pullback"`` or ``"gradient"``.
+    ``keep_path=True`` also returns every intermediate image (``steps + 1`` times the memory of ``x``).
     """
     if method not in ("pullback", "gradient"):
         raise ValueError(f"method must be 'pullback' or 'gradient', got {method!r}")
@@ -264,9 +267,11 @@ def projected_gradient_ascent(
     tau, ptau = (temperature, pool_temperature) if method == "pullback" else (0.0, 0.0)
     x0 = x.detach()
     xk = x0.clone()
-    logits_hist, pred_hist, dist_hist = [], [], []
+    logits_hist, pred_hist, dist_hist, path = [], [], [], []
     tg = None
     for k in range(steps + 1):
+        if keep_path:
+            path.append(xk.detach())
         if k < steps:
             d, logits, tg = _pullback_and_logits(model, xk, target if tg is None else tg, tau, ptau)
         else:
@@ -287,7 +292,8 @@ def projected_gradient_ascent(
         if bounds is not None:
             xk = xk.clamp(*bounds)
     return AscentResult(x=xk, delta=xk - x0, target=tg, target_logit=torch.stack(logits_hist),
-                        predicted=torch.stack(pred_hist), distance=torch.stack(dist_hist))
+                        predicted=torch.stack(pred_hist), distance=torch.stack(dist_hist),
+                        path=torch.stack(path) if keep_path else None)
 
 
 # --------------------------------------------------------------------------------------------------

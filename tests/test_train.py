@@ -171,3 +171,28 @@ def test_per_point_scores_average_to_evaluate():
     reg = leveling.FeatureLevelingNet([3, 4], 1).eval()
     e = train.per_point_scores(reg, (x, y.double()), "regression")
     assert abs(e.mean().sqrt().item() - train.evaluate(reg, (x, y.double()), "regression")) < 1e-9
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_fit_foreach_optimizers_give_the_per_tensor_loops_updates_bit_for_bit(optimizer, monkeypatch):
+    """fit builds its optimizers with foreach=True for speed; the comment there says the updates equal the
+    per-tensor loop's exactly: weights after training with each must be equal."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    x, y = torch.rand(96, 1, 8, 8), torch.randint(0, 3, (96,))
+    trained, built = {}, []
+    for foreach in (True, False):
+        model = copy.deepcopy(net)
+        if not foreach:
+            for name in ("Adam", "SGD"):
+                cls = getattr(torch.optim, name)
+                monkeypatch.setattr(torch.optim, name, lambda *a, _cls=cls, **k: built.append(k.pop("foreach"))
+                                    or _cls(*a, **k, foreach=False))
+        groups = [{"params": model[0].parameters(), "lr": 1e-3, "weight_decay": 1e-4},
+                  {"params": model[3].parameters()}]
+        train.fit(model, (x, y), epochs=3, lr=3e-3, batch_size=16, optimizer=optimizer, weight_decay=5e-4,
+                  parameters=groups, progress=False)
+        trained[foreach] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert not torch.equal(trained[True], torch.cat([p.detach().flatten() for p in net.parameters()]))
+    assert built == [True]  # fit asked for foreach, and the second run really used the per-tensor loop
+    assert torch.equal(trained[True], trained[False])

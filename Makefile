@@ -8,6 +8,10 @@ PROFILE ?= cpu
 SCALE ?= full
 CH ?= 01_paths
 export PYTHONHASHSEED ?= 0
+# byte code: pip installs without compiling (serial, every file of every package); Python compiles a module when
+# it is first imported and keeps the result, so only what the book imports is compiled, once. Environments that
+# set PYTHONDONTWRITEBYTECODE would otherwise compile torch & co. again in every process: not in make's commands
+unexport PYTHONDONTWRITEBYTECODE
 # pytest over the prepared chapters: nbval executes every cell once and compares the tagged ones
 NBVAL := --nbval-lax --nbval-current-env --nbval-cell-timeout=1800 -p no:cacheprovider
 # chapters and test files run WORKERS at a time (pytest-xdist; a chapter runs whole in one worker), each with
@@ -27,7 +31,7 @@ env: $(VENV)/.installed
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -r requirements.txt
+	$(BIN)/python -m pip install --quiet --no-compile -r requirements.txt
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (dualview)" > /dev/null
 	touch $@
 

@@ -288,3 +288,57 @@ def test_blocks_do_not_nest_and_rules_are_checked():
     with pytest.raises(ValueError, match="two rules replace"):
         with gates.instrument(net, gates.ImposeGates(g), gates.ImposeGates(g)):
             net(torch.randn(2, 3))
+
+
+def _builtin_affine_layers():
+    bn1, bn2 = nn.BatchNorm1d(2), nn.BatchNorm2d(2)
+    for bn in (bn1, bn2):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.data.uniform_(0.5, 1.5)
+    return [  # (layer, input shape)
+        (nn.Linear(6, 4), (3, 6)), (nn.Conv1d(2, 3, 3), (3, 2, 8)),
+        (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), (3, 2, 6, 6)),
+        (nn.AvgPool1d(2), (3, 2, 8)), (nn.AvgPool2d(2), (3, 2, 6, 6)), (nn.AdaptiveAvgPool1d(3), (3, 2, 8)),
+        (nn.AdaptiveAvgPool2d(2), (3, 2, 6, 6)), (bn1, (3, 2, 8)), (bn1, (3, 2)), (bn2, (3, 2, 6, 6)),
+        (nn.Dropout(0.3), (3, 6)), (nn.Dropout1d(0.3), (3, 2, 8)), (nn.Dropout2d(0.3), (3, 2, 6, 6)),
+        (nn.Flatten(), (3, 2, 6, 6)), (nn.Unflatten(1, (2, 3)), (3, 6)), (nn.Identity(), (3, 6)),
+        (nn.ZeroPad1d(1), (3, 2, 8)), (nn.ZeroPad2d((1, 0, 2, 1)), (3, 2, 6, 6)),
+        (nn.ConstantPad1d(1, 0.5), (3, 2, 8)), (nn.ConstantPad2d(1, -0.5), (3, 2, 6, 6)),
+        (nn.Upsample(scale_factor=2, mode="nearest"), (3, 2, 4, 4)),
+        (nn.Upsample(scale_factor=2, mode="bilinear"), (3, 2, 4, 4)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(22))
+def test_every_builtin_affine_layer_passes_the_guard_unchanged(case):
+    # torch's own affine layers are not hooked: the guard checks the calls they make against its list. Each
+    # must pass, with the output unchanged, its own gates reproducing it, and the hard-gated pullback through
+    # the instrumentation equal to the plain gradient
+    from dualview import pullbacks as pb
+
+    torch.manual_seed(case)
+    layer, shape = _builtin_affine_layers()[case]
+    x = torch.randn(shape)
+    width = nn.Flatten()(layer.eval()(x)).shape[1]
+    net = nn.Sequential(layer, nn.ReLU(), nn.Flatten(), nn.Linear(width, 3)).eval()
+    with torch.no_grad():
+        plain = net(x)
+    rec = gates.record_gates(net, x)
+    assert torch.equal(rec.output, plain)
+    assert torch.equal(gates.run_with_gates(net, x, rec.gates).detach(), plain)
+    xg = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(net(xg)[:, 1].sum(), xg)
+    with pb.excitation_backward(net, temperature=0.0):
+        xg = x.clone().requires_grad_(True)
+        (hard,) = torch.autograd.grad(net(xg)[:, 1].sum(), xg)
+    assert torch.equal(hard, grad)
+    frozen = pb.excitation_pullback(net, x, 1, temperature=0.0, pool_temperature=0.0, smooth_temperature=1.0)
+    assert torch.allclose(frozen, grad, rtol=1e-5, atol=1e-7)
+
+
+def test_the_builtin_affine_layers_are_all_covered():
+    covered = {type(layer) for layer, _ in _builtin_affine_layers()}
+    builtin = {c for c in gates.SUPPORTED_LAYERS() if c.__module__.startswith("torch.nn")}
+    assert builtin - set(gates.GATE_LAYERS + gates.POOL_GATE_LAYERS) == covered
+    assert len(_builtin_affine_layers()) == 22

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import weakref
 
 import pytest
 import torch
@@ -191,6 +192,65 @@ def test_parameters_requires_grad_restored_also_after_an_error():
     loss = net(x).sum()
     loss.backward()                                              # weight gradients still work afterwards
     assert net[0].weight.grad is not None
+
+
+class _Held:
+    __slots__ = ("t", "__weakref__")
+
+
+def held_bytes(fn) -> int:
+    """Bytes the autograd graph of ``fn`` holds when its backward pass starts (each storage once; tensors saved
+    by nodes that the forward dropped again do not count)."""
+    refs, at_backward = [], []
+
+    def pack(t):
+        h = _Held()
+        h.t = t
+        refs.append(weakref.ref(h))
+        return h
+
+    def unpack(h):
+        if not at_backward:
+            live = {r().t.untyped_storage().data_ptr(): r().t.untyped_storage().nbytes()
+                    for r in refs if r() is not None}
+            at_backward.append(sum(live.values()))
+        return h.t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        fn()
+    return at_backward[0]
+
+
+def test_pullback_holds_no_more_memory_than_the_gradient(resnet20, cifar_batch):
+    # The cause of the pullback's old overhead (1.2x the gradient): each surrogate ReLU keeps its pre-activation
+    # for the backward pass, one activation more per ReLU than the gradient keeps (the C allocator then gave the
+    # memory back and took it again on every call). Eval-mode BatchNorm's backward, a per-channel factor with
+    # the parameters frozen, keeps none of its input: the graph holds no more than the gradient's.
+    for net, x in ((resnet20, cifar_batch), (conv_net(2), torch.randn(4, 3, 14, 14))):
+        gradient = held_bytes(lambda: pb.input_gradient(net, x, 1))
+        pullback = held_bytes(lambda: pb.excitation_pullback(net, x, 1))
+        relu_inputs = held_bytes(lambda: pb.excitation_pullback(net, x, 1, temperature=1e-3))
+        assert pullback <= 1.01 * gradient, (pullback, gradient)
+        assert relu_inputs == pullback  # any temperature, the same tensors
+    # with the BatchNorm shortcut off (parameters that need gradients), the graph holds each BatchNorm's input
+    net = conv_net(2)
+    x = torch.randn(4, 3, 14, 14, requires_grad=True)
+    with pb.excitation_backward(net):
+        trainable = held_bytes(lambda: net(x)[:, 1].sum().backward())
+    assert trainable > held_bytes(lambda: pb.excitation_pullback(net, x.detach(), 1))
+
+
+def test_batch_norm_keeps_its_own_backward_when_parameters_need_gradients():
+    # the per-channel BatchNorm backward is used only when nothing needs the parameters' gradients: inside
+    # excitation_backward with trainable parameters every parameter gradient equals Zennit's (the oracle)
+    net = conv_net(3, torch.float64)
+    x = torch.randn(3, 3, 14, 14, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with pb.excitation_backward(net, temperature=0.4, pool_temperature=0):
+        ours = torch.autograd.grad(net(x)[:, 2].sum(), list(net.parameters()))
+    with zc.BetaSmooth(beta_smooth=1 / 0.4).context(net) as modified:
+        ref = torch.autograd.grad(modified(x)[:, 2].sum(), list(net.parameters()))
+    assert all(torch.allclose(a, b, rtol=1e-10, atol=1e-12) for a, b in zip(ours, ref))
+    assert ours[2].abs().sum() > 0 and ours[3].abs().sum() > 0  # the BatchNorm's weight and bias
 
 
 def test_nested_blocks_refused(resnet20):

@@ -211,7 +211,8 @@ def _smooth_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
         "explain.attribute(..., 'pullback')) and the gradient-based methods of explain.attribute.")
 
 
-def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = False) -> None:
+def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = False,
+                    _named: list[tuple[str, nn.Module]] | None = None) -> None:
     """Raise :class:`UnsupportedLayerError` if ``model`` holds a layer dualview cannot handle.
 
     Leaf modules must be supported layers; modules with children must not own parameters of
@@ -223,10 +224,11 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    named = list(model.named_modules()) if _named is None else _named
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
     channel_gates, depth_drops = _smooth_blocks()
     skipped: list[str] = []  # the insides of channel gates
-    for name, module in model.named_modules():
+    for name, module in named:
         label = name or "<model>"
         if any(name.startswith(p + ".") for p in skipped):
             continue
@@ -281,14 +283,14 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
                 "child layers, so dualview cannot see how they are used: move them into "
                 "supported child layers (nn.Linear, nn.Conv2d, ...)."
             )
-    check_eval(model)
+    check_eval(model, named)
 
 
-def check_eval(model: nn.Module) -> None:
+def check_eval(model: nn.Module, _named: list[tuple[str, nn.Module]] | None = None) -> None:
     """Raise :class:`UnsupportedLayerError` unless every layer whose computation depends on the mode is in
     eval mode (BatchNorm, Dropout) and every BatchNorm has running statistics. Reads only flags and
     buffers: call it before any forward, so that a refused call leaves the model untouched."""
-    for name, module in model.named_modules():
+    for name, module in (model.named_modules() if _named is None else _named):
         label = name or "<model>"
         if isinstance(module, _EVAL_ONLY) and module.training:
             raise UnsupportedLayerError(
@@ -305,8 +307,10 @@ def check_eval(model: nn.Module) -> None:
 
 # What the guard of :func:`instrument` lets a ``forward`` apply to a tensor that depends on the input,
 # by the function's name (``torch.add``, ``Tensor.add``, ``Tensor.add_`` and ``Tensor.__add__`` alike).
-# Calls inside a supported layer (``nn.Conv2d`` calling ``F.conv2d``, ``nn.ReLU`` calling ``F.relu``) are
-# not checked; calls on tensors that do not depend on the input (constants, parameters) are free.
+# torch's own affine layers are checked by their calls too (``nn.Conv2d`` calls ``F.conv2d``, ``nn.BatchNorm2d``
+# ``F.batch_norm`` in eval mode: both on the list); the calls inside gates, max-pools and the affine layers
+# registered or declared by users are not checked (the layer is trusted whole); calls on tensors that do not
+# depend on the input (constants, parameters) are free.
 _LINEAR_OPS = frozenset("""
     add sub neg positive sum mean cat concat concatenate stack hstack vstack view view_as reshape reshape_as
     flatten unflatten permute transpose swapaxes swapdims t T mT contiguous clone squeeze unsqueeze expand
@@ -463,6 +467,12 @@ class Rule:
         ``x * scale`` with the channel gate ``scale = s(x)`` computed by the block."""
         return None
 
+    def batch_norm(self, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:
+        """Called at each BatchNorm call (eval mode: an affine map per channel) with its input ``x`` and output
+        ``out``, for rules that override it (the others leave BatchNorm unhooked): a rule may return ``out``
+        with a backward pass of its own (the surrogate backward of excitation pullbacks saves memory so)."""
+        return None
+
     def functional_relu(self, where: str, q: Tensor) -> Tensor | None:
         """Called when the ``forward`` of the module ``where`` applies a ReLU as a function (``F.relu``,
         ``x.relu()``, in place or not) to ``q``. ``None`` (the default) refuses it with
@@ -559,8 +569,10 @@ class _Guard(TorchFunctionMode):
     operations that are linear in them (:data:`_LINEAR_OPS`; products and quotients with at most one
     dependent factor, a dependent numerator), comparisons whose results are then not used as masks,
     indices or factors, and functional ReLUs that a rule accepts. Anything else raises
-    :class:`UnsupportedLayerError` naming the operation, the module and the line of code. Calls inside
-    supported layers are not checked (the layer is known to compute what its class says)."""
+    :class:`UnsupportedLayerError` naming the operation, the module and the line of code. torch's own
+    affine layers are not hooked: their calls (``F.conv2d``, ``F.batch_norm``, ...) pass this list like any
+    other. Calls inside gates, max-pools and registered or declared affine layers are not checked (the layer
+    is known to compute what its class says)."""
 
     def __init__(self, rules: tuple[Rule, ...]) -> None:
         super().__init__()
@@ -714,11 +726,14 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     if bad:
         raise TypeError(f"instrument expects dualview.gates.Rule objects, got {bad!r}")
     smooth = bool(rules) and all(r.smooth for r in rules)
-    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules), smooth=smooth)
-    if any(m in _INSTRUMENTED for m in model.modules()):
+    named = list(model.named_modules()) if isinstance(model, nn.Module) else None  # one walk for the checks
+    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules), smooth=smooth, _named=named)
+    modules = [m for _, m in named]
+    if any(m in _INSTRUMENTED for m in modules):
         raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
                            "do not nest the blocks: pass all rules to one block")
     guard = _Guard(rules)
+    norm_rules = any(type(r).batch_norm is not Rule.batch_norm for r in rules)
     channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ())
     gate_layers = GATE_LAYERS + CLIPPED_LAYERS + (SMOOTH_LAYERS if smooth else ())
@@ -792,6 +807,18 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
         pop(mod, args, out if new is None else new)
         return new
 
+    def at_norm(mod, args, out):  # the guard checked the layer's own call (F.batch_norm, eval mode)
+        if not depth[0] or not args or not isinstance(args[0], Tensor):
+            return None
+        x = args[0]
+        if guard.stale:  # an in-place ReLU's input read again: the layer read the ReLU's output
+            swapped = guard.fresh(args, {})
+            x = x if swapped is None else swapped[0][0]
+        new = _apply(guard, lambda rule: rule.batch_norm(mod, x, out), "a BatchNorm call")
+        if new is not None:
+            guard.mark(new)
+        return new
+
     def at_channel_gate(mod, args, out, label):  # out = x * scale, the scale recorded by its sigmoid's hook
         s = site(label)
         scale = scales.pop(id(mod), None)
@@ -805,9 +832,16 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     handles = [model.register_forward_pre_hook(enter)]
     inside: list[str] = []  # the insides of channel gates: not hooked (the block is trusted as a whole)
     try:
-        for name, module in model.named_modules():
+        for name, module in named:
             label = name or "<model>"
-            if any(name.startswith(p + ".") for p in inside):
+            if inside and any(name.startswith(p + ".") for p in inside):
+                continue
+            if type(module) in _BUILTIN_LINEAR:
+                # torch's own affine layers (their forward is torch's, check_supported made sure) are not
+                # hooked: the guard checks the few calls they make (F.conv2d, F.batch_norm in eval, ...)
+                # against the whitelist like any other, which costs less than two hooks per layer
+                if norm_rules and isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    handles.append(module.register_forward_hook(at_norm))
                 continue
             if type(module) in channel_gates:
                 inside.append(name)
@@ -821,7 +855,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
             handles += [module.register_forward_pre_hook(partial(push, label=label, trusted=trusted)),
                         module.register_forward_hook(post, always_call=True)]
         handles.append(model.register_forward_hook(leave, always_call=True))
-        _INSTRUMENTED.update(model.modules())
+        _INSTRUMENTED.update(modules)
         try:
             yield
         except TypeError as err:
@@ -831,7 +865,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
-        _INSTRUMENTED.difference_update(model.modules())
+        _INSTRUMENTED.difference_update(modules)
         if depth[0] > 0:  # a BaseException left the forward before its last hook ran
             guard.__exit__(None, None, None)
 

@@ -353,6 +353,21 @@ class SurrogateBackward(Rule):
     def channel_gate(self, site, module, x, scale):
         return _HeldFactor.apply(x, scale.detach(), [x * scale])
 
+    def batch_norm(self, module, x, out):
+        # In eval mode a BatchNorm is x * s + c per channel, s = weight / sqrt(running_var + eps), so the
+        # input's gradient is the output's times s. PyTorch's backward saves the layer's whole input (for the
+        # weight's gradient); with the parameters frozen (excitation_pullback freezes them for its pass) a
+        # backward that multiplies by s saves only s: one activation less per BatchNorm, about what the
+        # surrogate ReLUs' saved pre-activations add (the forward is the layer's own; the gradient agrees to
+        # rounding). Anything that may need the parameters' gradients keeps PyTorch's backward.
+        if not x.requires_grad or any(p is not None and p.requires_grad for p in (module.weight, module.bias)):
+            return None
+        with torch.no_grad():
+            s = torch.rsqrt(module.running_var + module.eps)
+            if module.weight is not None:
+                s = s * module.weight
+        return _HeldFactor.apply(x, s.to(out.dtype).view(1, -1, *([1] * (x.dim() - 2))), [out])
+
     def functional_relu(self, where, q):
         self.functional_relu_calls += 1
         return _SurrogateReLU.apply(q, self.temperature)

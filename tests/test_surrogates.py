@@ -33,6 +33,28 @@ def test_soft_pool_backward_is_gradient_of_softmax_pooling(k, s, p, d, ceil, h, 
     assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)  # backward: softmax pooling's gradient
 
 
+@pytest.mark.parametrize("k, size, one_d", [(2, (8, 8), False), (2, (7, 9), False), (3, (9, 6), False),
+                                             ((2, 3), (8, 9), False), (2, (1, 10), True), (3, (1, 11), True)])
+def test_tiled_pool_backward_equals_the_general_formula(k, size, one_d):
+    # windows side by side (stride = kernel, no padding): the backward takes a path without unfold / fold;
+    # it must give softmax pooling's gradient (autograd through soft_max_pool, which unfolds), also where the
+    # input does not divide into windows (the rest gets no gradient) and for activations large against tau
+    gen = torch.Generator().manual_seed(sum(size))
+    shape = (2, 3, size[1]) if one_d else (2, 3, *size)
+    for scale in (1.0, 200.0):
+        x = (scale * torch.randn(shape, dtype=torch.float64, generator=gen)).requires_grad_(True)
+        kw = dict(kernel_size=k, one_d=one_d)
+        sur = surrogates.surrogate_max_pool(x, **kw, temperature=0.3)
+        soft = surrogates.soft_max_pool(x, **kw, temperature=0.3)
+        hard = (F.max_pool1d if one_d else F.max_pool2d)(x, k)
+        assert torch.equal(sur, hard)
+        g = torch.randn(hard.shape, dtype=torch.float64, generator=gen)
+        (a,) = torch.autograd.grad(sur, x, g)
+        (b,) = torch.autograd.grad(soft, x, g)
+        assert torch.isfinite(a).all()
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12 * scale)
+
+
 def test_soft_pool_reference_values_and_limits():
     x = torch.tensor([[[[1.0, 2.0], [0.0, -1.0]]]], dtype=torch.float64)
     tau = 0.5

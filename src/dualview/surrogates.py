@@ -225,9 +225,11 @@ def _windows(x4: Tensor, spec: _PoolSpec) -> tuple[Tensor, Tensor, tuple[int, in
     ow, ew = spec.out_size(W, 1)
     (ph, pw) = spec.padding
     pads = (pw, pw + ew, ph, ph + eh)
-    flat = x4.reshape(-1, 1, H, W)
+    C = x4.shape[-3]
+    flat = x4.reshape(-1, C, H, W)  # unfold's loop runs over images, not over images x channels
     kw = dict(kernel_size=spec.kernel, dilation=spec.dilation, stride=spec.stride)
-    vals = F.unfold(F.pad(flat, pads), **kw)
+    cols = F.unfold(F.pad(flat, pads), **kw)  # (N, C * K, L), channel-major
+    vals = cols.view(cols.shape[0] * C, -1, cols.shape[-1])
     mask = F.unfold(F.pad(flat.new_ones(1, 1, H, W), pads), **kw) > 0
     return vals, mask, (oh, ow), (H + 2 * ph + eh, W + 2 * pw + ew)
 
@@ -255,33 +257,70 @@ def soft_max_pool(
 
 
 class _SurrogateMaxPool(torch.autograd.Function):
-    """Forward: max-pooling. Backward: the gradient of :func:`soft_max_pool` (closed form)."""
+    """Forward: max-pooling (``out``: the layer's own output, not computed again). Backward: the gradient of
+    :func:`soft_max_pool` (closed form)."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, spec: _PoolSpec, temperature: float) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(x)
+    def forward(ctx, x: Tensor, spec: _PoolSpec, temperature: float,  # type: ignore[override]
+                out: list | None = None) -> Tensor:
         ctx.spec, ctx.temperature = spec, temperature
-        x4 = _as_2d(x, spec)
-        out = torch.ops.aten.max_pool2d(x4, list(spec.kernel), list(spec.stride), list(spec.padding),
-                                         list(spec.dilation), spec.ceil_mode)
-        return out.squeeze(-2) if spec.one_d else out
+        if out is None:
+            pooled = torch.ops.aten.max_pool2d(_as_2d(x, spec), list(spec.kernel), list(spec.stride),
+                                               list(spec.padding), list(spec.dilation), spec.ceil_mode)
+            pooled = pooled.squeeze(-2) if spec.one_d else pooled
+        else:
+            pooled = out[0].detach()
+        ctx.save_for_backward(x, pooled)
+        return pooled
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: Tensor):  # type: ignore[override]
-        (x,) = ctx.saved_tensors
+        x, pooled = ctx.saved_tensors
         spec, t = ctx.spec, ctx.temperature
         x4 = _as_2d(x, spec)
+        if spec.stride == spec.kernel and spec.padding == (0, 0) and spec.dilation == (1, 1):
+            (oh, eh), (ow, ew) = spec.out_size(x4.shape[-2], 0), spec.out_size(x4.shape[-1], 1)
+            if eh == 0 and ew == 0:  # windows side by side, none cut at an edge (VGG's and LeNet's 2x2 pools)
+                gx = _tiled_pool_backward(x4, _as_2d(pooled, spec), grad_output, spec.kernel, (oh, ow), t)
+                return gx.reshape(x.shape), None, None, None
         vals, mask, (oh, ow), padded = _windows(x4, spec)
-        w = torch.softmax((vals / t).masked_fill(~mask, float("-inf")), dim=1)
-        pooled = (vals * w).sum(1, keepdim=True)
-        g = grad_output.reshape(vals.shape[0], 1, -1)
-        # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - pooled) / t)
-        gv = g * w * (1 + (vals - pooled) / t)
-        gx = F.fold(gv, padded, kernel_size=spec.kernel, dilation=spec.dilation, stride=spec.stride)
+        # softmax over each window (dim 1), element-wise: the window's max (the forward's output) keeps exp <= 1
+        e = torch.exp((vals - pooled.reshape(vals.shape[0], 1, -1)) / t) * mask
+        total = e.sum(1, keepdim=True)
+        soft = (vals * e).sum(1, keepdim=True) / total  # sum_i x_i w_i, w_i = e_i / total
+        g = grad_output.reshape(vals.shape[0], 1, -1) / total
+        # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - soft) / t)
+        gv = g * e * (1 + (vals - soft) / t)
+        C = x4.shape[-3]
+        gx = F.fold(gv.reshape(-1, C * gv.shape[1], gv.shape[2]), padded, kernel_size=spec.kernel,
+                    dilation=spec.dilation, stride=spec.stride)
         (ph, pw), (H, W) = spec.padding, x4.shape[-2:]
         gx = gx[..., ph:ph + H, pw:pw + W].reshape(x.shape)
-        return gx, None, None
+        return gx, None, None, None
+
+
+def _tiled_pool_backward(x4: Tensor, maxima: Tensor, grad_output: Tensor, kernel: tuple[int, int],
+                         out: tuple[int, int], t: float) -> Tensor:
+    """The backward of :class:`_SurrogateMaxPool` where the windows tile the input (stride = kernel, no padding
+    or dilation, no window cut at an edge): each window is a pair of axes of a view of the input, and the sums
+    over windows are average pools, so nothing is copied into columns and back (the same formula as the
+    general path, the reference in the tests)."""
+    (kh, kw), (oh, ow) = kernel, out
+    lead, k = x4.shape[:-2], kh * kw
+    vals = x4[..., :oh * kh, :ow * kw]
+    tiles = (*lead, oh, kh, ow, kw)  # a window's kh x kw values: axes -3 and -1
+    e = torch.exp((vals.reshape(tiles) - maxima.reshape(*lead, oh, 1, ow, 1)) / t)  # stable: x_i - max <= 0
+    total = F.avg_pool2d(e.reshape(vals.shape), kernel) * k  # softmax's denominators
+    pooled = F.avg_pool2d(vals * e.reshape(vals.shape), kernel) * k / total  # sum_i x_i w_i per window
+    # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - pooled) / t), w_i = e_i / total
+    gv = e * (grad_output.reshape(*lead, oh, ow) / total).reshape(*lead, oh, 1, ow, 1) * \
+        (1 + (vals.reshape(tiles) - pooled.reshape(*lead, oh, 1, ow, 1)) / t)
+    if (oh * kh, ow * kw) == tuple(x4.shape[-2:]):
+        return gv.reshape(x4.shape)
+    gx = x4.new_zeros(x4.shape)
+    gx[..., :oh * kh, :ow * kw] = gv.reshape(vals.shape)
+    return gx
 
 
 def surrogate_max_pool(
@@ -348,7 +387,7 @@ class SurrogateBackward(Rule):
         self.pool_calls += 1
         if self.pool_temperature == 0:
             return None
-        return _SurrogateMaxPool.apply(x, _PoolSpec.of_module(module), self.pool_temperature)
+        return _SurrogateMaxPool.apply(x, _PoolSpec.of_module(module), self.pool_temperature, [out])
 
     def channel_gate(self, site, module, x, scale):
         return _HeldFactor.apply(x, scale.detach(), [x * scale])

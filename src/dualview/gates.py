@@ -693,12 +693,13 @@ def _apply(guard: _Guard, call: Callable[[Rule], Tensor | None], site: str) -> T
     out = None
     guard.internal += 1
     try:
-        for rule in guard.rules:
-            new = call(rule)
-            if new is not None:
-                if out is not None:
-                    raise ValueError(f"two rules replace the output of {site}; combine at most one such rule")
-                out = new
+        with torch._C.DisableTorchFunction():  # the rules' own calls skip the guard's Python dispatch
+            for rule in guard.rules:
+                new = call(rule)
+                if new is not None:
+                    if out is not None:
+                        raise ValueError(f"two rules replace the output of {site}; combine at most one such rule")
+                    out = new
     finally:
         guard.internal -= 1
     return out

@@ -353,7 +353,10 @@ class SurrogateBackward(Rule):
     extension of Listing 1, which covers ReLUs only). A SiLU or GELU unit's derivative becomes its gate
     :func:`smooth_gate` at ``smooth_temperature`` (default: :data:`SMOOTH_TEMPERATURES`), and a
     squeeze-and-excitation block ``x * s(x)`` passes the gradient to ``x`` only, times ``s(x)`` held fixed
-    (see the module's docstring: a surrogate, not an exact dual view).
+    (see the module's docstring: a surrogate, not an exact dual view). An eval-mode BatchNorm whose parameters
+    need no gradient passes it times its per-channel factor ``weight / sqrt(running_var + eps)``: PyTorch's own
+    derivative, with less kept for the backward pass (its input is not), so that the pullback's graph holds no
+    more than the gradient's although each ReLU keeps its pre-activation.
     """
 
     clipped = True

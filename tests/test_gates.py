@@ -342,3 +342,24 @@ def test_the_builtin_affine_layers_are_all_covered():
     builtin = {c for c in gates.SUPPORTED_LAYERS() if c.__module__.startswith("torch.nn")}
     assert builtin - set(gates.GATE_LAYERS + gates.POOL_GATE_LAYERS) == covered
     assert len(_builtin_affine_layers()) == 22
+
+
+def test_an_identity_reading_an_inplace_relus_input_gets_the_relus_output():
+    # nn.Identity calls nothing the guard sees: it keeps its hooks, which hand it what the real network's
+    # overwritten tensor holds (the ReLU's output), as every other layer gets it
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.r, self.id = nn.Linear(4, 6), nn.ReLU(inplace=True), nn.Identity()
+
+        def forward(self, x):
+            h = self.fc(x)
+            self.r(h)
+            return self.id(h)  # the model's output: no later call would hand over the ReLU's output
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        plain = net(x)
+    assert torch.equal(gates.record_gates(net, x).output, plain)

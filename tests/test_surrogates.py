@@ -55,6 +55,52 @@ def test_tiled_pool_backward_equals_the_general_formula(k, size, one_d):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-12 * scale)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_general_pool_backward_with_padding_far_below_zero(dtype):
+    # padded positions (padding, ceil_mode's overhang) must weigh nothing also where a window's maximum lies far
+    # below zero (exp of (0 - max) / tau overflows): finite, and softmax pooling's gradient
+    gen = torch.Generator().manual_seed(5)
+    for kw in (dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, stride=2, ceil_mode=True)):
+        x = (torch.randn(2, 3, 5, 5, dtype=torch.float64, generator=gen) - 100).to(dtype).requires_grad_(True)
+        sur = surrogates.surrogate_max_pool(x, **kw, temperature=0.3)
+        soft = surrogates.soft_max_pool(x, **kw, temperature=0.3)
+        g = torch.randn(sur.shape, dtype=torch.float64, generator=gen).to(dtype)
+        (a,) = torch.autograd.grad(sur, x, g)
+        (b,) = torch.autograd.grad(soft, x, g)
+        assert torch.isfinite(a).all()
+        # float32: both sides round (x_i - max) / tau with |x| near 100, about 1e-5 absolute
+        tol = dict(rtol=1e-10, atol=1e-10) if dtype == torch.float64 else dict(rtol=1e-3, atol=1e-4)
+        assert torch.allclose(a, b, **tol)
+
+
+def test_pool_output_changed_in_place_afterwards():
+    # the surrogate pool keeps its own copy of the maxima: an in-place change of its output (y += c, an in-place
+    # ReLU after the pool) leaves the backward pass as it would be without the in-place change
+    from dualview import pullbacks
+
+    class Net(nn.Module):
+        def __init__(self, inplace):
+            super().__init__()
+            self.inplace = inplace
+            self.conv, self.pool = nn.Conv2d(1, 2, 3, padding=1), nn.MaxPool2d(2)
+            self.relu, self.fc = nn.ReLU(inplace=inplace), nn.Linear(2 * 3 * 3, 3)
+
+        def forward(self, x):
+            y = self.pool(self.conv(x))
+            if self.inplace:
+                y += 0.5
+            else:
+                y = y + 0.5
+            return self.fc(self.relu(y).flatten(1))
+
+    torch.manual_seed(0)
+    a, b = Net(True).eval(), Net(False).eval()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 1, 6, 6)
+    assert torch.allclose(pullbacks.excitation_pullback(a, x, 1), pullbacks.excitation_pullback(b, x, 1),
+                          rtol=0, atol=1e-7)
+
+
 def test_soft_pool_reference_values_and_limits():
     x = torch.tensor([[[[1.0, 2.0], [0.0, -1.0]]]], dtype=torch.float64)
     tau = 0.5

@@ -574,9 +574,10 @@ class _Guard(TorchFunctionMode):
     other. Calls inside gates, max-pools and registered or declared affine layers are not checked (the layer
     is known to compute what its class says)."""
 
-    def __init__(self, rules: tuple[Rule, ...]) -> None:
+    def __init__(self, rules: tuple[Rule, ...], root: nn.Module | None = None) -> None:
         super().__init__()
         self.rules = rules
+        self.root = root  # named in a refusal outside every hooked module (a root that is a torch layer)
         self.stack: list[tuple[str, nn.Module, bool]] = []  # (label, module, its own calls are trusted)
         self.internal = 0  # > 0 while a rule runs: its own calls are not the model's
         self.pending: UnsupportedLayerError | None = None  # the last refusal, see __torch_function__
@@ -632,7 +633,7 @@ class _Guard(TorchFunctionMode):
             out = func(*args, **kwargs)
             self.mark(out)
             return out
-        label, owner = (self.stack[-1][:2]) if self.stack else ("<model>", None)
+        label, owner = (self.stack[-1][:2]) if self.stack else ("<model>", self.root)
         where = f"'{label}' ({type(owner).__name__})"
         if kind == "relu":
             inplace = getattr(func, "__name__", "").endswith("_") or \
@@ -693,13 +694,12 @@ def _apply(guard: _Guard, call: Callable[[Rule], Tensor | None], site: str) -> T
     out = None
     guard.internal += 1
     try:
-        with torch._C.DisableTorchFunction():  # the rules' own calls skip the guard's Python dispatch
-            for rule in guard.rules:
-                new = call(rule)
-                if new is not None:
-                    if out is not None:
-                        raise ValueError(f"two rules replace the output of {site}; combine at most one such rule")
-                    out = new
+        for rule in guard.rules:
+            new = call(rule)
+            if new is not None:
+                if out is not None:
+                    raise ValueError(f"two rules replace the output of {site}; combine at most one such rule")
+                out = new
     finally:
         guard.internal -= 1
     return out
@@ -733,7 +733,7 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     if any(m in _INSTRUMENTED for m in modules):
         raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
                            "do not nest the blocks: pass all rules to one block")
-    guard = _Guard(rules)
+    guard = _Guard(rules, model)
     norm_rules = any(type(r).batch_norm is not Rule.batch_norm for r in rules)
     channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ())
@@ -808,14 +808,14 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
         pop(mod, args, out if new is None else new)
         return new
 
-    def at_norm(mod, args, out):  # the guard checked the layer's own call (F.batch_norm, eval mode)
+    def at_norm(mod, args, out, label):  # the guard checked the layer's own call (F.batch_norm, eval mode)
         if not depth[0] or not args or not isinstance(args[0], Tensor):
             return None
         x = args[0]
         if guard.stale:  # an in-place ReLU's input read again: the layer read the ReLU's output
             swapped = guard.fresh(args, {})
             x = x if swapped is None else swapped[0][0]
-        new = _apply(guard, lambda rule: rule.batch_norm(mod, x, out), "a BatchNorm call")
+        new = _apply(guard, lambda rule: rule.batch_norm(mod, x, out), f"BatchNorm call '{label}'")
         if new is not None:
             guard.mark(new)
         return new
@@ -837,12 +837,13 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
             label = name or "<model>"
             if inside and any(name.startswith(p + ".") for p in inside):
                 continue
-            if type(module) in _BUILTIN_LINEAR:
+            if type(module) in _BUILTIN_LINEAR and type(module) is not nn.Identity:
                 # torch's own affine layers (their forward is torch's, check_supported made sure) are not
                 # hooked: the guard checks the few calls they make (F.conv2d, F.batch_norm in eval, ...)
-                # against the whitelist like any other, which costs less than two hooks per layer
+                # against the whitelist like any other, and hands them an in-place ReLU's output where they
+                # read its input (nn.Identity makes no call: it keeps its hooks, which do that)
                 if norm_rules and isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    handles.append(module.register_forward_hook(at_norm))
+                    handles.append(module.register_forward_hook(partial(at_norm, label=label)))
                 continue
             if type(module) in channel_gates:
                 inside.append(name)

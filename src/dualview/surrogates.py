@@ -270,7 +270,9 @@ class _SurrogateMaxPool(torch.autograd.Function):
             pooled = pooled.squeeze(-2) if spec.one_d else pooled
         else:
             pooled = out[0].detach()
-        ctx.save_for_backward(x, pooled)
+        # the maxima are kept as a copy (a quarter of the input for 2x2 windows): code that changes the output
+        # in place (y += c, an in-place ReLU after the pool) must not change what the backward pass reads
+        ctx.save_for_backward(x, pooled.clone())
         return pooled
 
     @staticmethod
@@ -286,7 +288,7 @@ class _SurrogateMaxPool(torch.autograd.Function):
                 return gx.reshape(x.shape), None, None, None
         vals, mask, (oh, ow), padded = _windows(x4, spec)
         # softmax over each window (dim 1), element-wise: the window's max (the forward's output) keeps exp <= 1
-        e = torch.exp((vals - pooled.reshape(vals.shape[0], 1, -1)) / t) * mask
+        e = torch.exp(((vals - pooled.reshape(vals.shape[0], 1, -1)) / t).masked_fill(~mask, float("-inf")))
         total = e.sum(1, keepdim=True)
         soft = (vals * e).sum(1, keepdim=True) / total  # sum_i x_i w_i, w_i = e_i / total
         g = grad_output.reshape(vals.shape[0], 1, -1) / total

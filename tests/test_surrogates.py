@@ -35,10 +35,10 @@ def test_soft_pool_backward_is_gradient_of_softmax_pooling(k, s, p, d, ceil, h, 
 
 @pytest.mark.parametrize("k, size, one_d", [(2, (8, 8), False), (2, (7, 9), False), (3, (9, 6), False),
                                              ((2, 3), (8, 9), False), (2, (1, 10), True), (3, (1, 11), True)])
-def test_tiled_pool_backward_equals_the_general_formula(k, size, one_d):
-    # windows side by side (stride = kernel, no padding): the backward takes a path without unfold / fold;
-    # it must give softmax pooling's gradient (autograd through soft_max_pool, which unfolds), also where the
-    # input does not divide into windows (the rest gets no gradient) and for activations large against tau
+def test_pool_backward_on_windows_side_by_side(k, size, one_d):
+    # windows side by side (stride = kernel, no padding, the pools of VGG and LeNet): the closed-form backward
+    # must give softmax pooling's gradient (autograd through soft_max_pool), also where the input does not
+    # divide into windows (the rest gets no gradient) and for activations large against tau
     gen = torch.Generator().manual_seed(sum(size))
     shape = (2, 3, size[1]) if one_d else (2, 3, *size)
     for scale in (1.0, 200.0):

@@ -281,11 +281,6 @@ class _SurrogateMaxPool(torch.autograd.Function):
         x, pooled = ctx.saved_tensors
         spec, t = ctx.spec, ctx.temperature
         x4 = _as_2d(x, spec)
-        if spec.stride == spec.kernel and spec.padding == (0, 0) and spec.dilation == (1, 1):
-            (oh, eh), (ow, ew) = spec.out_size(x4.shape[-2], 0), spec.out_size(x4.shape[-1], 1)
-            if eh == 0 and ew == 0:  # windows side by side, none cut at an edge (VGG's and LeNet's 2x2 pools)
-                gx = _tiled_pool_backward(x4, _as_2d(pooled, spec), grad_output, spec.kernel, (oh, ow), t)
-                return gx.reshape(x.shape), None, None, None
         vals, mask, (oh, ow), padded = _windows(x4, spec)
         # softmax over each window (dim 1), element-wise: the window's max (the forward's output) keeps exp <= 1
         e = torch.exp(((vals - pooled.reshape(vals.shape[0], 1, -1)) / t).masked_fill(~mask, float("-inf")))
@@ -300,29 +295,6 @@ class _SurrogateMaxPool(torch.autograd.Function):
         (ph, pw), (H, W) = spec.padding, x4.shape[-2:]
         gx = gx[..., ph:ph + H, pw:pw + W].reshape(x.shape)
         return gx, None, None, None
-
-
-def _tiled_pool_backward(x4: Tensor, maxima: Tensor, grad_output: Tensor, kernel: tuple[int, int],
-                         out: tuple[int, int], t: float) -> Tensor:
-    """The backward of :class:`_SurrogateMaxPool` where the windows tile the input (stride = kernel, no padding
-    or dilation, no window cut at an edge): each window is a pair of axes of a view of the input, and the sums
-    over windows are average pools, so nothing is copied into columns and back (the same formula as the
-    general path, the reference in the tests)."""
-    (kh, kw), (oh, ow) = kernel, out
-    lead, k = x4.shape[:-2], kh * kw
-    vals = x4[..., :oh * kh, :ow * kw]
-    tiles = (*lead, oh, kh, ow, kw)  # a window's kh x kw values: axes -3 and -1
-    e = torch.exp((vals.reshape(tiles) - maxima.reshape(*lead, oh, 1, ow, 1)) / t)  # stable: x_i - max <= 0
-    total = F.avg_pool2d(e.reshape(vals.shape), kernel) * k  # softmax's denominators
-    pooled = F.avg_pool2d(vals * e.reshape(vals.shape), kernel) * k / total  # sum_i x_i w_i per window
-    # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - pooled) / t), w_i = e_i / total
-    gv = e * (grad_output.reshape(*lead, oh, ow) / total).reshape(*lead, oh, 1, ow, 1) * \
-        (1 + (vals.reshape(tiles) - pooled.reshape(*lead, oh, 1, ow, 1)) / t)
-    if (oh * kh, ow * kw) == tuple(x4.shape[-2:]):
-        return gv.reshape(x4.shape)
-    gx = x4.new_zeros(x4.shape)
-    gx[..., :oh * kh, :ow * kw] = gv.reshape(vals.shape)
-    return gx
 
 
 def surrogate_max_pool(

@@ -24,7 +24,7 @@ THREADS := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(WORKER_THREADS)}
 BOOK_OUT ?= .
 COURSE_HTML := _build/course/_build/html
 
-.PHONY: env book notebooks html test portable unit smoke references sync student chapter sweep clean mutants
+.PHONY: env book notebooks html test portable unit smoke references sync student chapter sweep clean mutants robustness claims
 
 env: $(VENV)/.installed
 
@@ -82,6 +82,21 @@ PORTABLE_ENV ?= ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2 OMP_N
 portable: env
 	$(BIN)/python scripts/notebooks.py prepare --profile cpu
 	env $(PORTABLE_ENV) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/nbtest
+
+## the team's check before recording references: every cpu chapter executed again under SEED = 1 and SEED = 2
+## (ROBUST_SEEDS), claims recorded but not raised, nothing compared; then the claims report of these runs and of
+## the last book run (make test / make book): every claim that fails, or holds with margin < 1 half-width or
+## without an interval, with chapter and cell (exit 1 if any claim fails or has margin < 1)
+ROBUST_SEEDS ?= 1 2
+robustness: env
+	rm -rf _build/robust $(foreach s,$(ROBUST_SEEDS),_build/claims/seed$(s))
+	for s in $(ROBUST_SEEDS); do $(BIN)/python scripts/notebooks.py prepare --profile cpu --seed $$s || exit 1; done
+	env $(THREADS) DUALVIEW_CLAIMS_MODE=report $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/robust; \
+		$(BIN)/python scripts/notebooks.py claims
+
+## the claims report of the last runs alone (see robustness)
+claims: env
+	$(BIN)/python scripts/notebooks.py claims
 
 unit: env
 	env $(THREADS) $(BIN)/python -m pytest tests --ignore=tests/rendered $(XDIST)

@@ -33,8 +33,14 @@ os.environ.pop("MPLBACKEND", None)
 
 ROOT = Path(__file__).resolve().parent
 NBTEST, SMOKE = ROOT / "_build" / "nbtest", ROOT / "_build" / "smoke"
+ROBUST = ROOT / "_build" / "robust"  # make robustness: the chapters under SEED = N in _build/robust/seed<N>
 STATUS = ROOT / "_build" / "executed" / "status.json"
+CLAIMS = ROOT / "_build" / "claims"  # every run's claims: <run>/<chapter>.json (scripts/notebooks.py claims)
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # set in an xdist worker process, None otherwise
+# the chapters' kernels inherit this environment: dualview.stats.claim appends each claim to this file, and
+# the hooks below move the new lines to the cell that made them after every cell
+CLAIMS_LOG = CLAIMS / f"log-{WORKER or 'main'}-{os.getpid()}.jsonl"
+os.environ["DUALVIEW_CLAIMS"] = str(CLAIMS_LOG)
 # chapters in decreasing execution time (cpu profile, measured): scheduled first, so two workers finish together
 LONGEST_FIRST = ("09_", "02_", "05_", "08_", "07_", "04_", "03_", "06_", "01_")
 CPU_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "OMP_NUM_THREADS")
@@ -49,7 +55,16 @@ def _is_nbval_cell(item) -> bool:
 def _entry(item) -> dict:
     path = Path(str(item.parent.fspath))
     return _executed.setdefault(path, {"nb": item.parent.nb, "outputs": {}, "seconds": 0.0,
-                                       "mismatches": [], "errors": []})
+                                       "mismatches": [], "errors": [], "claims": []})
+
+
+def _new_claims() -> list[dict]:
+    """The claims the kernels appended to CLAIMS_LOG since the last call (the file is emptied)."""
+    if not CLAIMS_LOG.exists():
+        return []
+    lines = CLAIMS_LOG.read_text(encoding="utf-8").splitlines()
+    CLAIMS_LOG.write_text("", encoding="utf-8")
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def _first_line(item) -> str:
@@ -66,6 +81,8 @@ def _is_controller(config) -> bool:
 
 
 def pytest_sessionstart(session):
+    CLAIMS.mkdir(parents=True, exist_ok=True)
+    CLAIMS_LOG.write_text("", encoding="utf-8")
     if _is_controller(session.config):  # parts left by an earlier run are not this run's
         for part in STATUS.parent.glob("status-*.json"):
             part.unlink()
@@ -93,12 +110,15 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
+    if _is_nbval_cell(item):
+        _new_claims()  # what a unit test of this worker recorded is not this cell's
     start = time.perf_counter()
     yield
     if _is_nbval_cell(item):
         entry = _entry(item)
         entry["outputs"][item.cell_num] = list(getattr(item, "test_outputs", []) or [])
         entry["seconds"] += time.perf_counter() - start
+        entry["claims"] += [{**c, "cell": item.cell_num} for c in _new_claims()]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -149,6 +169,7 @@ def _recorded() -> str:
 
 
 def pytest_sessionfinish(session, exitstatus):
+    CLAIMS_LOG.unlink(missing_ok=True)
     if _is_controller(session.config):
         _merge_parts(session, exitstatus)
         return
@@ -169,12 +190,17 @@ def pytest_sessionfinish(session, exitstatus):
         path = path.resolve()
         if path.is_relative_to(SMOKE):  # a smoke run tests the gpu profile's code path; the book shows the cpu run
             rel, run = path.relative_to(SMOKE), "gpu profile, smoke scale"
+        elif path.is_relative_to(ROBUST):  # another seed: its claims are reported, the book keeps its own run
+            seed_dir = path.relative_to(ROBUST).parts[0]
+            rel, run = path.relative_to(ROBUST / seed_dir), f"cpu profile, SEED = {seed_dir[4:]}"
+            _write_claims(f"{seed_dir}", rel, entry["claims"])
         else:
             rel = path.relative_to(NBTEST) if path.is_relative_to(NBTEST) else Path(path.name)
             dest = ROOT / "_build" / "executed" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(nb, dest)
             run = "cpu profile"
+            _write_claims("book run", rel, entry["claims"])
         name = rel.as_posix() + (" (smoke)" if run.startswith("gpu") else "")
         status["chapters"][name] = {"run": run, "seconds": round(entry["seconds"], 1),
                                     "mismatches": entry["mismatches"], "errors": entry["errors"]}
@@ -187,6 +213,12 @@ def pytest_sessionfinish(session, exitstatus):
         return
     STATUS.write_text(json.dumps(status, indent=1) + "\n")
     _print_times(session, status)
+
+
+def _write_claims(run: str, rel: Path, claims: list[dict]) -> None:
+    out = CLAIMS / run / (rel.with_suffix(".json").as_posix().replace("/", "__"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps([{**c, "chapter": rel.as_posix()} for c in claims], indent=1) + "\n")
 
 
 def _print_times(session, status: dict) -> None:

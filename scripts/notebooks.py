@@ -11,6 +11,13 @@ Every chapter listed in ``_toc.yml`` that is a notebook (a MyST-Markdown file wi
         injected and nothing to compare (the gpu profile's code path at sizes that run in seconds). The root
         conftest.py writes each executed notebook to _build/executed/ as nbval runs it, so a
         chapter is executed once and the same outputs go into the book.
+        With ``--seed N`` the chapters go to _build/robust/seed<N>/ with SEED = N injected and nothing to
+        compare (another training draw of the book's run: `make robustness`).
+    python scripts/notebooks.py claims
+        the claims report: every `stats.claim` of the last runs (the book's run, and the runs under other
+        seeds of `make robustness`, read from _build/claims/), listing the claims that fail and those that
+        hold with a margin below one half-width or without an interval, with their chapters and cells;
+        exit 1 if a claim fails or an asserted claim has margin < 1.
     python scripts/notebooks.py record
         store the outputs of the tagged cells of the executed chapters as the new references, and the CPU
         configuration they were executed under in tests/reference/recorded-with.json (this process has the
@@ -60,6 +67,8 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "_build"
 NBTEST = BUILD / "nbtest"
 SMOKE = BUILD / "smoke"
+ROBUST = BUILD / "robust"  # make robustness: the cpu chapters under other seeds (_build/robust/seed<N>)
+CLAIMS = BUILD / "claims"  # the root conftest.py writes every run's claims here, one JSON file per chapter and run
 EXECUTED = BUILD / "executed"
 STAGE = Path(os.environ.get("DUALVIEW_STAGE") or BUILD / "stage")  # make test stages the course build apart
 REFERENCES = ROOT / "tests" / "reference"
@@ -139,11 +148,12 @@ def _checked_cells(nb) -> list:
     return [c for c in nb.cells if c.cell_type == "code" and CHECK_TAG in c.metadata.get("tags", [])]
 
 
-def prepare(profile: str, record: bool, scale: str = "full") -> None:
+def prepare(profile: str, record: bool, scale: str = "full", seed: int | None = None) -> None:
     from papermill.parameterize import parameterize_notebook
 
     smoke = scale == "smoke"
-    parameters = {"PROFILE": profile, **({"SCALE": scale} if smoke else {})}
+    robust = seed is not None  # another training draw: executed, its claims reported, nothing compared
+    parameters = {"PROFILE": profile, **({"SCALE": scale} if smoke else {}), **({"SEED": seed} if robust else {})}
     problems = []
     for ch in chapters():
         nb = jupytext.read(ch)
@@ -159,7 +169,7 @@ def prepare(profile: str, record: bool, scale: str = "full") -> None:
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         for cell in _checked_cells(nb):
-            if smoke:  # a smoke run's numbers are not the book's: executed, not compared
+            if smoke or robust:  # a smoke run's or another seed's numbers are not the book's: not compared
                 cell.metadata.tags.remove(CHECK_TAG)
                 continue
             if record:
@@ -171,7 +181,8 @@ def prepare(profile: str, record: bool, scale: str = "full") -> None:
                 continue
             cell.outputs = [nbformat.from_dict(o) for o in refs[key]]
             cell.execution_count = 1
-        out = (SMOKE if smoke else NBTEST) / ch.relative_to(ROOT).with_suffix(".ipynb")
+        folder = SMOKE if smoke else ROBUST / f"seed{seed}" if robust else NBTEST
+        out = folder / ch.relative_to(ROOT).with_suffix(".ipynb")
         out.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(nb, out)
     if problems:
@@ -306,6 +317,81 @@ def report() -> None:
     sys.exit(1 if errors else 0)
 
 
+def _claim_runs() -> dict[str, list[dict]]:
+    """The recorded claims by run ("book run (SEED = 0)", "SEED = 1", ...), each with chapter and cell."""
+    runs: dict[str, list[dict]] = {}
+    for path in sorted(CLAIMS.glob("*/*.json")):
+        runs.setdefault(path.parent.name, []).extend(json.loads(path.read_text()))
+    return runs
+
+
+def claims_report() -> None:
+    """Print every claim that fails, or holds with margin < 1 or without an interval, in the recorded runs."""
+    runs = _claim_runs()
+    if not runs:
+        sys.exit(f"no claims recorded in {CLAIMS.relative_to(ROOT)}: execute the chapters first "
+                 "(make test, make book or make robustness)")
+    failed = weak = bare = 0
+    for run, found in runs.items():
+        n_fail = sum(not c["holds"] for c in found)
+        n_weak = sum(c["holds"] and c["margin"] is not None and c["margin"] < 1 for c in found)
+        n_bare = sum(c["margin"] is None for c in found)
+        failed, weak, bare = failed + n_fail, weak + n_weak, bare + n_bare
+        print(f"{run}: {len(found)} claims in {len({c['chapter'] for c in found})} chapters; "
+              f"{n_fail} fail, {n_weak} hold with margin < 1, {n_bare} without an interval")
+        for c in sorted(found, key=lambda c: (c["chapter"], c["cell"])):
+            if c["holds"] and (c["margin"] is None or c["margin"] >= 1):
+                continue
+            state = ("FAILS" if not c["holds"] else "no interval" if c["margin"] is None
+                     else f"margin {c['margin']:.2f}")
+            print(f"  {c['chapter']}, cell {c['cell']}: {state}: {c['message']}")
+            for detail in c["details"]:
+                print(f"      {detail}")
+    print(f"in all: {failed} failed claim(s), {weak} claim(s) with margin < 1, {bare} without an interval")
+    sys.exit(1 if failed or weak else 0)
+
+
+SCOREBOARD_MARKER = "<!-- scoreboard -->"  # replaced by the rows glued in the executed chapters (book/scoreboard.md)
+SCOREBOARD_PREFIX = "scoreboard__"  # dualview.scoreboard.PREFIX
+
+
+def scoreboard_rows() -> list[tuple[str, dict]]:
+    """The scoreboard rows glued in the executed chapters, in chapter order: ('book/NN_x.ipynb', row)."""
+    import ast
+
+    rows = []
+    for ch in chapters():
+        executed = EXECUTED / ch.relative_to(ROOT).with_suffix(".ipynb")
+        if not executed.exists():
+            continue
+        for cell in nbformat.read(executed, as_version=4).cells:
+            for out in cell.get("outputs", []):
+                name = out.get("metadata", {}).get("scrapbook", {}).get("name", "")
+                if name.startswith(SCOREBOARD_PREFIX):
+                    rows.append((ch.relative_to(ROOT).with_suffix(".ipynb").as_posix(),
+                                 json.loads(ast.literal_eval(out["data"]["text/plain"]))))
+    return rows
+
+
+def scoreboard_page(rows: list[tuple[str, dict]]) -> str:
+    """The scoreboard: a count per verdict, then one table per chapter (claim, paper, this run, verdict)."""
+    if not rows:
+        return "No chapter of this build glued a scoreboard row (execute the chapters first: `make book`).\n"
+    titles = _chapter_titles()
+    verdicts = ("reproduced", "not decided at this scale", "reversed", "not run")
+    counts = {v: sum(r["verdict"] == v for _, r in rows) for v in verdicts}
+    lines = ["| verdict | claims |", "|---|---|"] + [f"| {v} | {counts[v]} |" for v in verdicts] + [""]
+    for stem in dict.fromkeys(s for s, _ in rows):
+        lines += [f"### {titles.get(stem, stem)}", "", "| the papers' claim | paper | this run | verdict |",
+                  "|---|---|---|---|"]
+        for _, r in ((s, r) for s, r in rows if s == stem):
+            cell = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+            lines.append(f"| {cell(r['claim'])} ({{ref}}`section <{r['section']}>`) | {cell(r['paper'])} | "
+                         f"{cell(r['this_run'])} | **{r['verdict']}** |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def stage() -> None:
     if STAGE.exists():
         shutil.rmtree(STAGE)
@@ -334,6 +420,8 @@ def stage() -> None:
             if TIMES_MARKER in page:
                 status = json.loads(STATUS.read_text()) if STATUS.exists() else None
                 page = page.replace(TIMES_MARKER, chapter_times(status, _chapter_titles()))
+            if SCOREBOARD_MARKER in page:
+                page = page.replace(SCOREBOARD_MARKER, scoreboard_page(scoreboard_rows()))
             dst.write_text(page, encoding="utf-8")
         else:
             shutil.copy2(src, dst)
@@ -795,11 +883,13 @@ MYST_SYNTAX = re.compile(r"\{[\w:-]+\}`|^(?:`{3,}|:{3,})\{|:::\{|^\([\w-]+\)=|\$
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["prepare", "record", "stage", "sync", "check-sync", "test-env",
-                                                          "report"])
+                                                          "report", "claims"])
     parser.add_argument("--profile", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--scale", default="full", choices=["full", "smoke"],
                         help="smoke: the profile's code path at tiny sizes, into _build/smoke, nothing compared")
     parser.add_argument("--record", action="store_true", help="prepare without references (to record new ones)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="prepare with this SEED into _build/robust/seed<N>, nothing compared (make robustness)")
     parser.add_argument("--chapter", action="append", default=[], metavar="book/NN_name.md",
                         help="work on this chapter only (repeatable; need not be in _toc.yml yet)")
     args = parser.parse_args()
@@ -809,10 +899,10 @@ def main() -> None:
             sys.exit(f"--chapter {name}: not a MyST notebook with a kernelspec")
         _ONLY.append(path)
     if args.command == "prepare":
-        prepare(args.profile, args.record, args.scale)
+        prepare(args.profile, args.record, args.scale, args.seed)
     else:
         {"record": record, "stage": stage, "sync": sync, "check-sync": check_sync, "test-env": test_env,
-         "report": report}[args.command]()
+         "report": report, "claims": claims_report}[args.command]()
 
 
 if __name__ == "__main__":

@@ -224,3 +224,66 @@ def test_a_single_seed_row_is_bootstrapped_over_its_points():
         stats.bootstrap_interval(np.stack([a, b]))
     c_row, c_flat = stats.paired_comparison(a[None], b[None]), stats.paired_comparison(a, b)
     assert (c_row.difference.low, c_row.difference.high) == (c_flat.difference.low, c_flat.difference.high)
+
+
+# ---- evidence and margins: what `make robustness` reports ----
+
+def _iv(low, high):
+    return stats.Interval((low + high) / 2, low, high, 0.95, 10, "test")
+
+
+@pytest.mark.parametrize("low, high, threshold, holds, margin", [
+    (2.0, 4.0, 0.0, True, 2.0),     # lower end two half-widths (1 each) above 0
+    (0.5, 2.5, 0.0, True, 0.5),     # holds, but by half a half-width only
+    (-1.0, 1.0, 0.0, False, -1.0),  # contains the threshold
+    (3.0, 5.0, 2.0, True, 1.0),
+])
+def test_above_margin_in_half_widths(low, high, threshold, holds, margin):
+    e = stats.above(_iv(low, high), threshold)
+    assert e.holds is holds and bool(e) is holds and e.margin == pytest.approx(margin)
+    # below is the mirror image: -x below -threshold with the same margin
+    m = stats.below(_iv(-high, -low), -threshold)
+    assert m.holds is holds and m.margin == pytest.approx(margin)
+
+
+def test_above_another_interval_counts_the_larger_half_width():
+    e = stats.above(_iv(4.0, 6.0), _iv(0.0, 3.0))  # gap 1, half-widths 1 and 1.5
+    assert e.holds and e.margin == pytest.approx(1 / 1.5)
+    assert not stats.below(_iv(4.0, 6.0), _iv(0.0, 3.0)).holds
+
+
+def test_a_comparison_is_judged_by_its_difference():
+    c = stats.Comparison(_iv(1.0, 3.0), "A", "B")
+    assert stats.above(c).margin == pytest.approx(1.0) and "A − B" in stats.above(c).detail
+    assert not stats.below(c).holds
+
+
+def test_inside_takes_the_smaller_room():
+    e = stats.inside(_iv(-0.5, 0.5), -2.0, 1.0)  # room 1.5 below, 0.5 above; half-width 0.5
+    assert e.holds and e.margin == pytest.approx(1.0)
+    assert not stats.inside(_iv(-0.5, 1.5), -2.0, 1.0).holds
+
+
+def test_claim_records_its_margin_and_raises_only_when_it_fails(tmp_path, monkeypatch):
+    log = tmp_path / "claims.jsonl"
+    monkeypatch.setenv(stats.CLAIMS_ENV, str(log))
+    monkeypatch.delenv(stats.CLAIMS_MODE_ENV, raising=False)
+    monkeypatch.setenv("DUALVIEW_SCALE", "full")
+    stats.claim([stats.above(_iv(2.0, 4.0)), stats.above(_iv(0.5, 2.5))], "both above")
+    stats.claim(True, "a check")
+    with pytest.raises(AssertionError, match="fails here"):
+        stats.claim(stats.above(_iv(-1.0, 1.0)), "fails here")
+    monkeypatch.setenv(stats.CLAIMS_MODE_ENV, "report")
+    stats.claim(stats.below(_iv(-1.0, 1.0)), "recorded, not raised")
+    import json
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["message"] for r in rows] == ["both above", "a check", "fails here", "recorded, not raised"]
+    assert rows[0]["holds"] and rows[0]["margin"] == pytest.approx(0.5)  # the smaller of the two margins
+    assert rows[1]["margin"] is None and [r["holds"] for r in rows[2:]] == [False, False]
+
+
+def test_claim_refuses_what_is_not_evidence():
+    with pytest.raises(TypeError, match="Evidence"):
+        stats.claim([True, False], "a list of bools is no evidence")
+    with pytest.raises(TypeError, match="Interval or a Comparison"):
+        stats.above(0.3)

@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "dualview"
 LAYERS = [
     ["download", "glue"],
     ["data", "stats", "train"],
-    ["nets", "splits"],
+    ["nets", "splits", "scoreboard"],
     ["gates", "zoo"],
     ["surrogates", "metrics"],
     ["paths"],

@@ -16,8 +16,10 @@ supports:
 - :func:`interval` picks the right one of these for 1-D or 2-D scores;
 - :func:`paired_comparison` compares two methods scored on the same test points (and seeds) through the
   interval of their difference, with a verdict: ``"above"``, ``"below"`` or ``"within noise"``;
-- :func:`claim` asserts what a chapter's sentence says of such a result (and only prints it in a smoke run,
-  whose sizes support no claim).
+- :func:`above`, :func:`below` and :func:`inside` turn an interval or a comparison into :class:`Evidence`:
+  whether a sentence holds, and its *margin* (the interval's distance from the threshold, in half-widths);
+- :func:`claim` asserts what a chapter's sentence says of such a result, records it with its margin for the
+  claims report (and only prints it in a smoke run, whose sizes support no claim).
 
 Results are small dataclasses (:class:`Interval`, :class:`Comparison`) that print as the book shows them.
 
@@ -27,6 +29,7 @@ the book (chapters and tests) reports.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -46,21 +49,141 @@ __all__ = [
     "interval",
     "paired_comparison",
     "relative_error",
+    "Evidence",
+    "above",
+    "below",
+    "inside",
     "claim",
 ]
 
 
-def claim(holds: bool, message: str) -> None:
+@dataclass(frozen=True)
+class Evidence:
+    """What one comparative sentence rests on: whether it holds, and with how much room.
+
+    ``margin`` is the distance of the interval's deciding end from the claim's threshold, in half-widths of
+    the interval (``(low - threshold) / half_width`` for "above"): 0 at the edge, negative when the claim
+    fails, 1 when the interval clears the threshold by one half-width, which is the least an asserted claim
+    needs (another seed or another CPU moves an interval by about its half-width). ``None``: a check
+    without an interval (an identity or a count), which has no margin to report.
+    """
+
+    holds: bool
+    margin: float | None
+    detail: str
+
+    def __bool__(self) -> bool:
+        return self.holds
+
+
+def _deciding(x: Any, what: str) -> Interval:
+    if isinstance(x, Comparison):
+        return x.difference
+    if isinstance(x, Interval):
+        return x
+    raise TypeError(f"stats.{what} takes an Interval or a Comparison (from stats.interval, "
+                    f"stats.paired_comparison, ...), got {type(x).__name__}; a bare number has no interval")
+
+
+def _margin(distance: float, half_width: float) -> float:
+    if half_width > 0:
+        return float(distance / half_width)
+    return math.inf if distance > 0 else -math.inf if distance < 0 else 0.0
+
+
+def _label(x: Any) -> str:
+    if isinstance(x, Comparison):
+        return f"{x.name_a} − {x.name_b} = {x.difference.format(4)}"
+    return x.format(4)
+
+
+def above(x: Interval | Comparison, threshold: float | Interval = 0.0) -> Evidence:
+    """Evidence that ``x`` (an interval, or a comparison's difference ``a - b``) lies above ``threshold``:
+    its lower end is above it. ``threshold`` may itself be an interval: then ``x`` lies above its upper end
+    (two intervals apart), and the margin is counted in the larger of the two half-widths."""
+    iv = _deciding(x, "above")
+    if isinstance(threshold, Interval):
+        t, hw = threshold.high, max(iv.half_width, threshold.half_width)
+        what = f"above the interval {threshold.format(4)}"
+    else:
+        t, hw, what = float(threshold), iv.half_width, f"above {threshold:g}"
+    return Evidence(iv.low > t, _margin(iv.low - t, hw), f"{_label(x)} {what}")
+
+
+def below(x: Interval | Comparison, threshold: float | Interval = 0.0) -> Evidence:
+    """Evidence that ``x`` lies below ``threshold`` (its upper end below it); see :func:`above`."""
+    iv = _deciding(x, "below")
+    if isinstance(threshold, Interval):
+        t, hw = threshold.low, max(iv.half_width, threshold.half_width)
+        what = f"below the interval {threshold.format(4)}"
+    else:
+        t, hw, what = float(threshold), iv.half_width, f"below {threshold:g}"
+    return Evidence(iv.high < t, _margin(t - iv.high, hw), f"{_label(x)} {what}")
+
+
+def inside(x: Interval | Comparison, low: float, high: float) -> Evidence:
+    """Evidence that the whole interval of ``x`` lies inside ``[low, high]`` (e.g. "A matches B within 5 %"):
+    the margin is the smaller room at either end, in half-widths."""
+    iv = _deciding(x, "inside")
+    room = min(iv.low - low, high - iv.high)
+    return Evidence(iv.low > low and iv.high < high, _margin(room, iv.half_width),
+                    f"{_label(x)} inside [{low:g}, {high:g}]")
+
+
+CLAIMS_ENV = "DUALVIEW_CLAIMS"  # a JSON-lines file each claim is appended to (the notebook harness sets it)
+CLAIMS_MODE_ENV = "DUALVIEW_CLAIMS_MODE"  # "report": record every claim, raise on none (make robustness)
+
+
+def claim(evidence: bool | Evidence | Sequence[Evidence], message: str) -> None:
     """Assert a comparative claim of the book's prose: raise an ``AssertionError`` with ``message`` if it fails.
 
-    In a smoke run (see :func:`dualview.smoke_scale`), a profile's code path at sizes that run in
-    seconds, the numbers support no claim, so the claim is printed with its outcome instead. Identities
-    (an error below a tolerance) stay plain assert statements: they hold at every scale.
+    ``evidence`` is what the sentence rests on: an :class:`Evidence` from :func:`above`, :func:`below` or
+    :func:`inside`, or a list of them (the claim holds when every one holds; its margin is the smallest).
+    A bare ``bool`` is a check without an interval: it holds or not, and has no margin (the robustness
+    report lists such claims; use it for facts that do not depend on training noise).
+
+    Every claim is recorded, with its margin, in the file named by ``$DUALVIEW_CLAIMS`` (the notebook
+    harness sets it; ``python scripts/notebooks.py claims`` reports claims that fail or hold with
+    margin < 1). With ``$DUALVIEW_CLAIMS_MODE=report`` (``make robustness``) a failed claim is recorded
+    and printed instead of raised, so that one run lists every claim of a chapter. In a smoke run (see
+    :func:`dualview.smoke_scale`), a profile's code path at sizes that run in seconds, the numbers support
+    no claim, so the claim is printed with its outcome instead. Identities (an error below a tolerance)
+    stay plain assert statements: they hold at every scale.
     """
+    if isinstance(evidence, Evidence):
+        parts = [evidence]
+    elif isinstance(evidence, (bool, np.bool_)) or (isinstance(evidence, torch.Tensor) and evidence.numel() == 1
+                                                     and evidence.dtype == torch.bool):
+        parts = [Evidence(bool(evidence), None, "a check without an interval")]
+    else:
+        parts = list(evidence)
+        if not parts or not all(isinstance(e, Evidence) for e in parts):
+            raise TypeError("stats.claim takes a bool, an Evidence (stats.above / below / inside) or a non-empty "
+                            f"list of Evidence, got {evidence!r}")
+    holds = all(e.holds for e in parts)
+    margins = [e.margin for e in parts]
+    margin = None if any(m is None for m in margins) else min(margins)
     if smoke_scale():
         print(f"smoke scale, claim not checked ({'holds' if holds else 'fails'} here): {message}")
-    elif not holds:
-        raise AssertionError(message)
+        return
+    _record_claim(message, holds, margin, [e.detail for e in parts])
+    if not holds:
+        if os.environ.get(CLAIMS_MODE_ENV) == "report":
+            print(f"CLAIM FAILS (recorded, not raised: {CLAIMS_MODE_ENV}=report): {message}")
+            return
+        raise AssertionError(message + "".join(f"\n  {e.detail}" for e in parts if not e.holds))
+
+
+def _record_claim(message: str, holds: bool, margin: float | None, details: list[str]) -> None:
+    path = os.environ.get(CLAIMS_ENV)
+    if not path:
+        return
+    import json
+
+    m = None if margin is None else (margin if math.isfinite(margin) else (1e9 if margin > 0 else -1e9))
+    line = json.dumps({"message": message, "holds": bool(holds), "margin": m, "details": details})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

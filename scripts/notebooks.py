@@ -386,10 +386,31 @@ def scoreboard_page(rows: list[tuple[str, dict]]) -> str:
                   "|---|---|---|---|"]
         for _, r in ((s, r) for s, r in rows if s == stem):
             cell = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-            lines.append(f"| {cell(r['claim'])} ({{ref}}`section <{r['section']}>`) | {cell(r['paper'])} | "
-                         f"{cell(r['this_run'])} | **{r['verdict']}** |")
+            lines.append(f"| <span id=\"sb-{r['key']}\"></span>{cell(r['claim'])} ({{ref}}`section <{r['section']}>`) "
+                         f"| {cell(r['paper'])} | {cell(r['this_run'])} | **{r['verdict']}** |")
         lines.append("")
     return "\n".join(lines)
+
+
+_VERDICT = re.compile(r"<!-- verdict ([A-Za-z0-9_-]+) -->")
+
+
+def verdict_links(page: str, rows: list[tuple[str, dict]], where: str) -> str:
+    """Replace each ``<!-- verdict KEY -->`` of a plain page (the introduction's summaries) by the verdict of
+    the scoreboard row KEY, linked to that row: the page says what the run supports, whatever it is."""
+    by_key = {r["key"]: r for _, r in rows}
+    missing = sorted({k for k in _VERDICT.findall(page) if k not in by_key})
+    if missing and rows:
+        sys.exit(f"{where} names scoreboard rows that no executed chapter glued: {missing} "
+                 "(a chapter's dualview.scoreboard.row key changed, or the chapter was not executed)")
+
+    def link(m: re.Match) -> str:
+        r = by_key.get(m.group(1))
+        if r is None:  # nothing executed (a build of the plain pages alone)
+            return "(not run in this build)"
+        return f'<a class="reference internal" href="scoreboard.html#sb-{r["key"]}"><strong>{r["verdict"]}</strong></a>'
+
+    return _VERDICT.sub(link, page)
 
 
 def stage() -> None:
@@ -422,6 +443,7 @@ def stage() -> None:
                 page = page.replace(TIMES_MARKER, chapter_times(status, _chapter_titles()))
             if SCOREBOARD_MARKER in page:
                 page = page.replace(SCOREBOARD_MARKER, scoreboard_page(scoreboard_rows()))
+            page = verdict_links(page, scoreboard_rows(), str(rel))
             dst.write_text(page, encoding="utf-8")
         else:
             shutil.copy2(src, dst)

@@ -50,3 +50,33 @@ def test_bad_rows_say_what_is_wrong(kwargs, message):
     args = dict(key="k", claim="c", paper="p", result=_iv(0, 1), section="s") | kwargs
     with pytest.raises(ValueError, match=message):
         scoreboard.row(**args)
+
+
+def _harness():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import notebooks
+
+    return notebooks
+
+
+def test_the_page_counts_verdicts_and_links_each_row():
+    nb = _harness()
+    rows = [("book/05_dgn.ipynb", dict(key="a", claim="A beats B", paper="+1", this_run="2 [1, 3]",
+                                       verdict="reproduced", margin=1.0, section="dgn-x")),
+            ("book/05_dgn.ipynb", dict(key="b", claim="C | D", paper="+2", this_run="0 [-1, 1]",
+                                       verdict="not decided at this scale", margin=-1.0, section="dgn-y"))]
+    page = nb.scoreboard_page(rows)
+    assert "| reproduced | 1 |" in page and "| not decided at this scale | 1 |" in page and "| reversed | 0 |" in page
+    assert '<span id="sb-a"></span>A beats B ({ref}`section <dgn-x>`)' in page and "C \\| D" in page
+
+
+def test_introduction_markers_become_verdict_links_or_fail_loudly():
+    nb = _harness()
+    rows = [("book/05_dgn.ipynb", dict(key="a", verdict="reversed"))]
+    out = nb.verdict_links("gates matter: <!-- verdict a -->.", rows, "book/intro.md")
+    assert out == 'gates matter: <a class="reference internal" href="scoreboard.html#sb-a"><strong>reversed</strong></a>.'
+    with pytest.raises(SystemExit, match="no executed chapter glued"):
+        nb.verdict_links("<!-- verdict gone -->", rows, "book/intro.md")

@@ -441,6 +441,9 @@ def stage() -> None:
             if TIMES_MARKER in page:
                 status = json.loads(STATUS.read_text()) if STATUS.exists() else None
                 page = page.replace(TIMES_MARKER, chapter_times(status, _chapter_titles()))
+            if READING_MARKER in page:
+                status = json.loads(STATUS.read_text()) if STATUS.exists() else None
+                page = page.replace(READING_MARKER, reading_times(status))
             if SCOREBOARD_MARKER in page:
                 page = page.replace(SCOREBOARD_MARKER, scoreboard_page(scoreboard_rows()))
             page = verdict_links(page, scoreboard_rows(), str(rel))
@@ -475,6 +478,56 @@ def _chapter_titles() -> dict[str, str]:
         name = ch.relative_to(ROOT).with_suffix(".ipynb").as_posix()
         titles[name] = heading.group(1).strip() if heading else ch.stem
     return titles
+
+
+READING_MARKER = "<!-- reading-times -->"  # replaced by the reading-time table (book/instructor.md)
+READING_WPM = 150  # words of technical prose a student reads per minute, formulas and figures included
+CODE_LINES_PER_MINUTE = 10  # visible code lines a student reads (not writes) per minute
+
+
+def _reading_parts(ch: Path) -> list[tuple[str, int, int]]:
+    """(section heading, prose words, visible code lines) of each ``##`` section of a chapter's source, the
+    opening before the first ``##`` included; hidden/removed cells, solutions and reproducibility notes
+    (collapsed) are not counted."""
+    nb = jupytext.read(ch)
+    parts: list[list] = [["Opening", 0, 0]]
+    for cell in nb.cells:
+        tags = set(cell.metadata.get("tags", []))
+        if cell.cell_type == "markdown":
+            text = re.sub(r"```\{admonition\} Reproducibility notes.*?```", "", cell.source, flags=re.S)
+            text = re.sub(r"```\{solution-start\}.*?```\{solution-end\}[^\n]*\n```", "", text, flags=re.S)
+            for block in re.split(r"^(?=## )", text, flags=re.M):
+                heading = re.match(r"## (.+)", block)
+                if heading:
+                    parts.append([heading.group(1).strip(), 0, 0])
+                prose = re.sub(r"\{[a-z:-]+\}`[^`]*`", "x", block)  # a role counts as one word
+                parts[-1][1] += len(re.findall(r"[A-Za-z0-9$\\]+", prose))
+        elif cell.cell_type == "code" and not tags & {"remove-cell", "hide-input", "remove-input", "parameters"}:
+            parts[-1][2] += sum(1 for line in cell.source.splitlines() if line.strip())
+    return [tuple(p) for p in parts if p[1] or p[2]]
+
+
+def reading_times(status: dict | None = None) -> str:
+    """The instructor page's table: per chapter and section, words and code lines and the reading time they
+    take at READING_WPM words and CODE_LINES_PER_MINUTE code lines a minute, with the chapter's execution
+    time where it was measured."""
+    timed = {name: e for name, e in (status or {}).get("chapters", {}).items() if e.get("run") == "cpu profile"}
+    lines = [f"Reading time counted from the chapters' sources at {READING_WPM} words and "
+             f"{CODE_LINES_PER_MINUTE} visible code lines a minute (collapsed notes and solutions not counted); "
+             "execution time from the last run of the chapters. Teaching time in class is about twice the "
+             "reading time of the sections covered.", "",
+             "| Chapter, section | Words | Code lines | Reading time |", "|---|---:|---:|---:|"]
+    for ch, title in zip(chapters(), _chapter_titles().values()):
+        parts = _reading_parts(ch)
+        words, code = sum(p[1] for p in parts), sum(p[2] for p in parts)
+        minutes = words / READING_WPM + code / CODE_LINES_PER_MINUTE
+        run = timed.get(ch.relative_to(ROOT).with_suffix(".ipynb").as_posix())
+        ran = f"; runs in {_duration(run['seconds'])}" if run else ""
+        lines.append(f"| **{title}**{ran} | **{words:,}** | **{code}** | **{round(minutes)} min** |")
+        for heading, w, c in parts:
+            lines.append(f"| &nbsp;&nbsp;{heading} | {w:,} | {c} | "
+                         f"{max(1, round(w / READING_WPM + c / CODE_LINES_PER_MINUTE))} min |")
+    return "\n".join(lines) + "\n"
 
 
 def _duration(seconds: float) -> str:

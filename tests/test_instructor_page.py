@@ -116,3 +116,35 @@ def test_every_exercise_is_sorted_into_homework_or_class():
     marked = sorted(label for label, line in lines.items() if "*self-check*" in line)
     assert marked == sorted(exercises.exercises()), \
         "mark exactly the exercises that dualview.exercises can check with *self-check* on book/instructor.md"
+
+
+def test_reading_times_table_has_every_chapter_and_its_sections():
+    table = notebooks.reading_times(None)
+    titles = list(notebooks._chapter_titles().values())
+    rows = [line for line in table.splitlines() if line.startswith("| **")]
+    assert [re.match(r"\| \*\*(.+?)\*\*", r).group(1) for r in rows] == titles
+    for row in rows:  # words / 150 + code lines / 10, rounded
+        words, code, minutes = re.search(r"\*\*([\d,]+)\*\* \| \*\*(\d+)\*\* \| \*\*(\d+) min", row).groups()
+        assert int(minutes) == round(int(words.replace(",", "")) / 150 + int(code) / 10)
+    assert "| &nbsp;&nbsp;Exercises |" in table
+
+
+def test_reading_parts_skip_hidden_code_and_collapsed_notes(tmp_path):
+    ch = tmp_path / "ch.md"
+    ch.write_text(
+        "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+        "    format_version: 0.13\nkernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n"
+        "# Title\n\none two three\n\n## Section\n\nfour five\n\n"
+        "```{admonition} Reproducibility notes\n:class: dropdown\nnot counted at all here\n```\n\n"
+        "```{code-cell} ipython3\nx = 1\ny = 2\n```\n\n"
+        "```{code-cell} ipython3\n:tags: [hide-input]\nhidden = 1\n```\n")
+    parts = notebooks._reading_parts(ch)
+    assert parts == [("Opening", 4, 0), ("Section", 3, 2)]  # headings count as words
+
+
+def test_instructor_page_has_the_reading_table_and_three_lab_plans():
+    page = (ROOT / "book" / "instructor.md").read_text()
+    assert notebooks.READING_MARKER in page
+    assert len(re.findall(r"^\*\*Lab \d+: .+\(Chapter \d+\)\.\*\*$", page, re.M)) >= 3
+    for chapter in (1, 2, 6):
+        assert f"(Chapter {chapter}).**" in page

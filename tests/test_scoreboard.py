@@ -13,13 +13,16 @@ def _iv(low, high):
 
 
 @pytest.mark.parametrize("low, high, expect, verdict", [
-    (1.0, 3.0, "above", "reproduced"),
+    (1.0, 3.0, "above", "reproduced"),        # clears 0 by one half-width (1)
+    (0.5, 2.5, "above", "not decided at this scale"),  # clears 0, by half a half-width only
     (-1.0, 3.0, "above", "not decided at this scale"),
     (-3.0, -1.0, "above", "reversed"),
+    (-2.5, -0.5, "above", "not decided at this scale"),
     (-3.0, -1.0, "below", "reproduced"),
-    (-0.5, 0.5, "equal", "reproduced"),       # inside the band ±1
+    (-0.25, 0.25, "equal", "reproduced"),     # inside the band ±1 with room 0.75 = 3 half-widths
+    (-0.6, 0.6, "equal", "not decided at this scale"),  # inside, room 0.4 < one half-width (0.6)
     (-0.5, 1.5, "equal", "not decided at this scale"),
-    (1.5, 2.5, "equal", "reversed"),          # wholly outside the band
+    (2.0, 3.0, "equal", "reversed"),          # outside the band by two half-widths
 ])
 def test_verdicts(low, high, expect, verdict):
     tol = 1.0 if expect == "equal" else None

@@ -4,10 +4,12 @@ A chapter that re-runs a paper's experiment calls :func:`row` once per claim of 
 paper's number, this run's result (an interval or a paired comparison from :mod:`dualview.stats`) and the
 direction the paper reports. The verdict is computed, never typed:
 
-- ``"reproduced"``: this run decides the paper's direction (the interval clears the threshold);
-- ``"reversed"``: this run decides the opposite direction;
-- ``"not decided at this scale"``: the interval contains the threshold (for ``expect="equal"``: it is neither
-  inside the tolerance band nor outside it);
+- ``"reproduced"``: this run decides the paper's direction with room: the interval clears the threshold by at
+  least one half-width (:data:`DECIDED_MARGIN`, the margin the book asks of an asserted claim);
+- ``"reversed"``: this run decides the opposite direction, with the same room;
+- ``"not decided at this scale"``: anything else: the interval contains the threshold, or clears it by less
+  than a half-width, so another seed could move it across (for ``expect="equal"``: the interval is neither
+  inside the tolerance band nor outside it with that room);
 - ``"not run"``: the chapter does not run this experiment in this profile (``result=None``).
 
 The row is glued (``scoreboard__<key>``) into the executed chapter, and the book's page "What this book
@@ -42,20 +44,25 @@ class Row:
     section: str
 
 
+#: the least margin (in half-widths, see ``stats.Evidence``) at which a result counts as decided: the book's rule
+#: for asserted claims, so that another seed or another CPU does not flip a row's verdict
+DECIDED_MARGIN = 1.0
+
+
 def _verdict(result: stats.Interval | stats.Comparison, expect: str, threshold: float,
              tolerance: float | None) -> tuple[str, float | None]:
     if expect in ("above", "below"):
         toward = (stats.above if expect == "above" else stats.below)(result, threshold)
         away = (stats.below if expect == "above" else stats.above)(result, threshold)
-        if toward.holds:
+        if toward.margin >= DECIDED_MARGIN:
             return "reproduced", toward.margin
-        return ("reversed" if away.holds else "not decided at this scale"), toward.margin
+        return ("reversed" if away.margin >= DECIDED_MARGIN else "not decided at this scale"), toward.margin
     # "equal": the interval inside the band threshold ± tolerance reproduces; wholly outside it reverses
     band = stats.inside(result, threshold - tolerance, threshold + tolerance)
-    if band.holds:
+    if band.margin >= DECIDED_MARGIN:
         return "reproduced", band.margin
     out = [stats.above(result, threshold + tolerance), stats.below(result, threshold - tolerance)]
-    return ("reversed" if any(e.holds for e in out) else "not decided at this scale"), band.margin
+    return ("reversed" if any(e.margin >= DECIDED_MARGIN for e in out) else "not decided at this scale"), band.margin
 
 
 def row(key: str, claim: str, paper: str, result: stats.Interval | stats.Comparison | None, *,

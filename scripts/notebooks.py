@@ -366,10 +366,11 @@ def scoreboard_rows() -> list[tuple[str, dict]]:
             continue
         for cell in nbformat.read(executed, as_version=4).cells:
             for out in cell.get("outputs", []):
-                name = out.get("metadata", {}).get("scrapbook", {}).get("name", "")
-                if name.startswith(SCOREBOARD_PREFIX):
+                scrap = out.get("metadata", {}).get("scrapbook", {})
+                if scrap.get("name", "").startswith(SCOREBOARD_PREFIX):  # myst-nb's glue keeps the repr
+                    text = out["data"][scrap.get("mime_prefix", "") + "text/plain"]
                     rows.append((ch.relative_to(ROOT).with_suffix(".ipynb").as_posix(),
-                                 json.loads(ast.literal_eval(out["data"]["text/plain"]))))
+                                 json.loads(ast.literal_eval(text))))
     return rows
 
 
@@ -382,7 +383,7 @@ def scoreboard_page(rows: list[tuple[str, dict]]) -> str:
     counts = {v: sum(r["verdict"] == v for _, r in rows) for v in verdicts}
     lines = ["| verdict | claims |", "|---|---|"] + [f"| {v} | {counts[v]} |" for v in verdicts] + [""]
     for stem in dict.fromkeys(s for s, _ in rows):
-        lines += [f"### {titles.get(stem, stem)}", "", "| the papers' claim | paper | this run | verdict |",
+        lines += [f"## {titles.get(stem, stem)}", "", "| the papers' claim | paper | this run | verdict |",
                   "|---|---|---|---|"]
         for _, r in ((s, r) for s, r in rows if s == stem):
             cell = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731

@@ -936,6 +936,11 @@ class Plain:
                 return "\n".join(f"> {line}".rstrip() for line in f"*Proof.* {body} ∎".splitlines())
             head = f"**{kind}: {argument}**" if argument else f"**{kind}.**"
             return "\n".join(f"> {line}".rstrip() for line in f"{head}\n\n{body}".splitlines())
+        if name == "admonition":  # the reproducibility notes: collapsed in Jupyter and Colab too
+            collapsed = "dropdown" in options
+            if collapsed:
+                return f"<details><summary><b>{argument}</b></summary>\n\n{body}\n\n</details>"
+            return "\n".join(f"> {line}".rstrip() for line in f"**{argument}**\n\n{body}".splitlines())
         raise ValueError(f"the MyST directive {{{name}}} has no plain-Markdown rewrite (scripts/notebooks.py, Plain)")
 
     def markdown(self, source: str) -> str:

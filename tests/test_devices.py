@@ -392,6 +392,18 @@ def run_stats():
                     stats.relative_error(scores, scores + 1))
 
 
+def run_scoreboard():
+    from dualview import scoreboard, stats
+
+    scores = (torch.rand(3, 50, generator=torch.Generator().manual_seed(1)) > 0.3).double()
+
+    def score_a_row():
+        row = scoreboard.row("device_check", "a claim", "a paper", stats.interval(scores),
+                             section="device-check", expect="above", threshold=0.5)
+        return row.margin
+    return score_a_row
+
+
 def run_surrogates():
     from dualview import surrogates
 
@@ -432,7 +444,7 @@ MODULES = {
     "levels": run_levels, "metrics": run_metrics, "nets": run_nets, "npk": run_npk, "npk_conv": run_npk_conv,
     "npk_fc": run_npk_fc, "npk_resnet": run_npk_resnet, "ntk": run_ntk, "paths": run_paths, "plot": run_plot,
     "projections": run_projections, "pullbacks": run_pullbacks, "receptive_fields": run_receptive_fields,
-    "splits": run_splits, "stats": run_stats, "surrogates": run_surrogates, "sweep": run_sweep, "train": run_train,
+    "scoreboard": run_scoreboard, "splits": run_splits, "stats": run_stats, "surrogates": run_surrogates, "sweep": run_sweep, "train": run_train,
     "zoo": run_zoo,
 }
 BUILDS_ITS_OWN_NETWORK = {"sweep", "zoo", "levels"}  # built, then moved: checked with the recorder alone

@@ -388,6 +388,11 @@ def scoreboard_rows() -> list[tuple[str, dict]]:
     return rows
 
 
+# a citation in a row's text: "cite:KEY" (chapters write it so, as a {cite} role in their code would show as raw
+# markup on the page of the chapter); the scoreboard page turns it into the role
+_CITE = re.compile(r"\bcite:([A-Za-z0-9_]+(?:,[A-Za-z0-9_]+)*)")
+
+
 def scoreboard_page(rows: list[tuple[str, dict]]) -> str:
     """The scoreboard: a count per verdict, then one table per chapter (claim, paper, this run, verdict)."""
     if not rows:
@@ -400,7 +405,7 @@ def scoreboard_page(rows: list[tuple[str, dict]]) -> str:
         lines += [f"## {titles.get(stem, stem)}", "", "| the papers' claim | paper | this run | verdict |",
                   "|---|---|---|---|"]
         for _, r in ((s, r) for s, r in rows if s == stem):
-            cell = lambda t: str(t).replace("|", "\\|").replace("\n", " ")  # noqa: E731
+            cell = lambda t: _CITE.sub(r"{cite}`\1`", str(t).replace("|", "\\|").replace("\n", " "))  # noqa: E731
             lines.append(f"| <span id=\"sb-{r['key']}\"></span>{cell(r['claim'])} ({{ref}}`section <{r['section']}>`) "
                          f"| {cell(r['paper'])} | {cell(r['this_run'])} | **{r['verdict']}** |")
         lines.append("")

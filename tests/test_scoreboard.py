@@ -83,3 +83,10 @@ def test_introduction_markers_become_verdict_links_or_fail_loudly():
     assert out == 'gates matter: <a class="reference internal" href="scoreboard.html#sb-a"><strong>reversed</strong></a>.'
     with pytest.raises(SystemExit, match="no executed chapter glued"):
         nb.verdict_links("<!-- verdict gone -->", rows, "book/intro.md")
+
+
+def test_citations_in_rows_become_roles_on_the_page():
+    nb = _harness()
+    rows = [("book/05_dgn.ipynb", dict(key="c", claim="A", paper="+1 (Table 2 of cite:lakshminarayanan2022explicitising)",
+                                       this_run="1", verdict="reproduced", margin=2.0, section="dgn-x"))]
+    assert "(Table 2 of {cite}`lakshminarayanan2022explicitising`)" in nb.scoreboard_page(rows)

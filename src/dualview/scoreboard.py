@@ -71,7 +71,8 @@ def row(key: str, claim: str, paper: str, result: stats.Interval | stats.Compari
     """Score one claim of a paper against this run and glue the row for the book's scoreboard page.
 
     ``claim``: the paper's claim in a few words ("learnt gates beat random gates, FC4 on MNIST"); ``paper``:
-    its number and source ("+1.8 points (Table 1 of {cite}`...`)"; MyST roles are allowed); ``result``: this
+    its number and source ("+1.8 points (Table 1 of cite:KEY)": ``cite:KEY`` becomes a citation of the
+    bibliography key KEY on the scoreboard page; a MyST role in the chapter's code would show as raw markup); ``result``: this
     run's interval or paired comparison (``None``: not run, with ``not_run`` saying why); ``expect``:
     ``"above"`` or ``"below"`` (the paper's direction against ``threshold``) or ``"equal"`` (within
     ``± tolerance`` of ``threshold``, as in "A matches B"); ``section``: the label of the chapter's section

@@ -97,28 +97,29 @@ def _label(x: Any) -> str:
     return x.format(4)
 
 
+def _side(x: Interval | Comparison, threshold: float | Interval, side: str) -> Evidence:
+    """``x`` above (``side="above"``) or below ``threshold``; a threshold interval counts by its near end."""
+    iv = _deciding(x, side)
+    sign = 1 if side == "above" else -1
+    if isinstance(threshold, Interval):
+        t, hw = (threshold.high if sign > 0 else threshold.low), max(iv.half_width, threshold.half_width)
+        what = f"{side} the interval {threshold.format(4)}"
+    else:
+        t, hw, what = float(threshold), iv.half_width, f"{side} {threshold:g}"
+    distance = sign * ((iv.low if sign > 0 else iv.high) - t)
+    return Evidence(distance > 0, _margin(distance, hw), f"{_label(x)} {what}")
+
+
 def above(x: Interval | Comparison, threshold: float | Interval = 0.0) -> Evidence:
     """Evidence that ``x`` (an interval, or a comparison's difference ``a - b``) lies above ``threshold``:
     its lower end is above it. ``threshold`` may itself be an interval: then ``x`` lies above its upper end
     (two intervals apart), and the margin is counted in the larger of the two half-widths."""
-    iv = _deciding(x, "above")
-    if isinstance(threshold, Interval):
-        t, hw = threshold.high, max(iv.half_width, threshold.half_width)
-        what = f"above the interval {threshold.format(4)}"
-    else:
-        t, hw, what = float(threshold), iv.half_width, f"above {threshold:g}"
-    return Evidence(iv.low > t, _margin(iv.low - t, hw), f"{_label(x)} {what}")
+    return _side(x, threshold, "above")
 
 
 def below(x: Interval | Comparison, threshold: float | Interval = 0.0) -> Evidence:
     """Evidence that ``x`` lies below ``threshold`` (its upper end below it); see :func:`above`."""
-    iv = _deciding(x, "below")
-    if isinstance(threshold, Interval):
-        t, hw = threshold.low, max(iv.half_width, threshold.half_width)
-        what = f"below the interval {threshold.format(4)}"
-    else:
-        t, hw, what = float(threshold), iv.half_width, f"below {threshold:g}"
-    return Evidence(iv.high < t, _margin(t - iv.high, hw), f"{_label(x)} {what}")
+    return _side(x, threshold, "below")
 
 
 def inside(x: Interval | Comparison, low: float, high: float) -> Evidence:

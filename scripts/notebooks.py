@@ -593,16 +593,21 @@ def chapter_times(status: dict | None, titles: dict[str, str], cpu: str | None =
 
 
 _SOLUTION_FENCE = re.compile(r"```\{solution-(start|end)\}[^\n]*\n(?:[^`]*?\n)?```[ \t]*\n?")
+# the answer to a concept check ("Predict, then run"): a collapsed admonition of class predict-answer
+PREDICT_ANSWER = re.compile(r"^(`{3,})\{admonition\}[^\n]*\n(?::[\w-]+:[^\n]*\n)*?:class:[^\n]*\bpredict-answer\b"
+                            r"[^\n]*\n.*?^\1[ \t]*(?:\n|$)", re.S | re.M)
 
 
 def _without_solutions(nb):
-    """The notebook without the solutions of its exercises (gated solution-start/solution-end blocks)."""
+    """The notebook without the solutions of its exercises (gated solution-start/solution-end blocks) and
+    without the answers of its concept checks (admonitions of class predict-answer)."""
     inside, cells = False, []
     for cell in nb.cells:
         if cell.cell_type == "code":
             if not inside:
                 cells.append(cell)
             continue
+        cell.source = PREDICT_ANSWER.sub("", cell.source)
         kept, pos = [], 0
         for match in _SOLUTION_FENCE.finditer(cell.source):
             if not inside:

@@ -31,6 +31,10 @@ import notebooks  # noqa: E402  (the chapters, their Colab copies, the removal o
 ROOT = notebooks.ROOT
 STUDENT = ROOT / "book" / "student"
 _EXERCISE_HEADING = re.compile(r"^#### Exercise (\d+)$", re.M)
+# a fill-in line of a chapter's code cell tagged `fill-in`: `name = expression  # fill-in: what to compute`;
+# the student notebook keeps `name = ...  # fill in: what to compute`
+FILL_IN_LINE = re.compile(r"^(?P<indent>[ \t]*)(?P<name>[A-Za-z_][\w, ]*?)[ \t]*=[ \t]*(?P<solution>\S.*?)[ \t]*"
+                          r"#[ \t]*fill-in\b:?[ \t]*(?P<hint>.*)$", re.M)
 
 # The exercises with a self-check (dualview.exercises), by label: what the answer cell asks for, and what the
 # check needs from the chapter's own variables besides the answer.
@@ -77,6 +81,21 @@ def answer_cells(label: str | None, number: int) -> list:
                                       f"exercises.check({label!r}, {name}{', ' + given if given else ''})")]
 
 
+def blank_fill_ins(source: str, where: str = "a fill-in cell") -> str:
+    """A fill-in cell as the student notebook shows it: each marked line's expression replaced by ``...``."""
+    blanked, count = FILL_IN_LINE.subn(
+        lambda m: f"{m['indent']}{m['name']} = ...  # fill in" + (f": {m['hint']}" if m["hint"] else ""), source)
+    if not count:
+        raise ValueError(f"{where} is tagged fill-in but has no line `name = expression  # fill-in: hint`; mark "
+                         "the line the reader writes, or remove the tag")
+    return blanked
+
+
+def fill_in_names(source: str) -> list[str]:
+    """The names a fill-in cell's marked lines assign."""
+    return [name.strip() for m in FILL_IN_LINE.finditer(source) for name in m["name"].split(",")]
+
+
 def course_page(chapter: Path) -> str:
     """The chapter's page in the online course build (the course is published where the book is)."""
     return notebooks.pages_url() + "/" + chapter.relative_to(ROOT).with_suffix(".html").as_posix()
@@ -87,7 +106,10 @@ def student_notebook(chapter: Path):
     nb = notebooks._colab_copy(chapter, solutions=False)
     labels = {number: label for label, number in nb.metadata["dualview"]["exercises"].items()}
     cells = []
-    for cell in nb.cells:
+    for k, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and "fill-in" in cell.metadata.get("tags", []):
+            cell.source = blank_fill_ins(cell.source, f"{chapter.name}, cell {k}")
+            cell.outputs = []
         cells.append(cell)
         for match in _EXERCISE_HEADING.finditer(cell.source) if cell.cell_type == "markdown" else []:
             number = int(match[1])
@@ -99,7 +121,9 @@ def student_notebook(chapter: Path):
         f"[Open it in Colab]({colab_link(student_path(chapter))}); the chapter's page in the course: "
         f"[{course_page(chapter).rsplit('/', 1)[-1]}]({course_page(chapter)}). Each exercise is followed by an "
         "empty answer cell; where the answer is a number or a short function, a check cell after it says "
-        "whether your answer is right (it does not show the solution).")
+        "whether your answer is right (it does not show the solution). Inside the chapter, cells with a "
+        "`...  # fill in` line ask you to compute one thing yourself; the cell after each says whether "
+        "your value is right.")
     header.id = "student0"
     nb.cells = [header, *cells]
     return nb

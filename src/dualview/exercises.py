@@ -14,7 +14,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-__all__ = ["Check", "check", "exercises"]
+__all__ = ["Check", "check", "exercises", "fill_in"]
 
 
 class Check(NamedTuple):
@@ -66,6 +66,44 @@ def check(exercise: str, answer: Any, **given: Any) -> Check:
     except Exception as error:  # noqa: BLE001  (a student's function or value may fail in any way)
         return Check(exercise, False, f"The answer should be {expects}; using it raised {error!r}.")
     return Check(exercise, bool(correct), message)
+
+
+def fill_in(name: str, answer: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-8) -> Check:
+    """The self-check of a fill-in cell inside a chapter: ``answer`` (what the reader computed by hand or with
+    a line of code) against ``expected`` (what the library computes, in the check cell itself). Numbers,
+    tensors, arrays and tuples or lists of them are compared within ``rtol``/``atol``; booleans, integers and
+    strings exactly. The verdict never shows the expected value; ``...`` or None is "not answered yet"."""
+    if answer is None or answer is Ellipsis:
+        return Check(name, None, "Replace the ... in the cell above with your answer and run both cells again.")
+    problem = _mismatch(answer, expected, rtol, atol)
+    if problem:
+        return Check(name, False, problem)
+    return Check(name, True, "Your answer agrees with the library's computation.")
+
+
+def _mismatch(answer: Any, expected: Any, rtol: float, atol: float, where: str = "") -> str:
+    """Why ``answer`` differs from ``expected`` (without showing it), or "" when they agree."""
+    if isinstance(expected, (tuple, list)):
+        if not isinstance(answer, (tuple, list)) or len(answer) != len(expected):
+            return f"Give {len(expected)} values{where}, as a tuple."
+        for k, (a, e) in enumerate(zip(answer, expected)):
+            if problem := _mismatch(a, e, rtol, atol, f" (item {k})"):
+                return problem
+        return ""
+    if isinstance(expected, (str, bool)):
+        return "" if answer == expected and type(answer) is type(expected) else f"Not right yet{where}."
+    try:
+        got = torch.as_tensor(answer, dtype=torch.float64)
+        want = torch.as_tensor(expected, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return f"Expected a number or an array of numbers{where}, got {type(answer).__name__}."
+    if got.shape != want.shape:
+        return f"Your answer{where} has shape {tuple(got.shape)}; the expected one has {tuple(want.shape)}."
+    if isinstance(expected, numbers.Integral) and not isinstance(expected, bool):
+        return "" if got.item() == want.item() else f"Not right yet{where}: a count is exact."
+    if not torch.allclose(got, want, rtol=rtol, atol=atol, equal_nan=False):
+        return f"Not right yet{where} (tolerance: relative {rtol:g}, absolute {atol:g})."
+    return ""
 
 
 def _number(value: Any) -> float:

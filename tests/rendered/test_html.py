@@ -108,7 +108,12 @@ def test_chapter_renders_its_blocks_and_exercises(chapter):
     exercises = html.count('class="exercise admonition"')
     solutions = len(re.findall(r'class="solution[^"]*admonition', html))
     assert exercises >= 1, f"{chapter}: no exercise rendered"
+    questions = len(re.findall(r'class="[^"]*\bpredict\b(?!-)[^"]*admonition|class="admonition[^"]*\bpredict\b(?!-)', html))
+    answers = len(re.findall(r'class="[^"]*\bpredict-answer\b', html))
+    assert questions >= 3, f"{chapter}: {questions} concept checks (Predict, then run) rendered; 3-5 expected"
     if os.environ.get("HIDE_SOLUTIONS") == "1":
         assert solutions == 0, f"{chapter}: the course build (HIDE_SOLUTIONS=1) still shows {solutions} solutions"
+        assert answers == 0, f"{chapter}: the course build still shows {answers} answers to its concept checks"
     else:
         assert solutions >= 1, f"{chapter}: the exercises have no rendered solutions"
+        assert answers == questions, f"{chapter}: {questions} concept checks but {answers} answers rendered"

@@ -24,7 +24,7 @@ THREADS := OMP_NUM_THREADS=$${OMP_NUM_THREADS:-$(WORKER_THREADS)}
 BOOK_OUT ?= .
 COURSE_HTML := _build/course/_build/html
 
-.PHONY: env book notebooks html test portable unit smoke references sync student chapter sweep clean mutants robustness claims
+.PHONY: env book notebooks html test portable unit smoke references sync student chapter sweep clean mutants robustness claims gpu-check
 
 env: $(VENV)/.installed
 
@@ -106,6 +106,13 @@ unit: env
 smoke: env
 	$(BIN)/python scripts/notebooks.py prepare --profile gpu --scale smoke
 	env $(THREADS) $(BIN)/python -m pytest $(NBVAL) $(XDIST) _build/smoke
+
+## make gpu-check: on a GPU machine, in at most 8 minutes, every chapter at the gpu profile's smoke scale on the GPU,
+## a few timed steps of each chapter's paper-scale loops, one table in $(GPU_CHECK_OUT) (scripts/gpu_check.py);
+## without a GPU the same code runs on the CPU at smoke scale (tests/test_gpu_check.py runs that path)
+GPU_CHECK_OUT ?= _build/gpu-check
+gpu-check: env
+	$(BIN)/python scripts/gpu_check.py --out $(GPU_CHECK_OUT)
 
 ## mutation check: apply one-line mistakes to a copy of the library and report which the unit tests miss
 mutants: env

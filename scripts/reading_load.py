@@ -1,6 +1,8 @@
 """How much a reader has to read in each built chapter, outside what is collapsed.
 
     python scripts/reading_load.py [HTML_DIR]      # a table, one row per chapter (default: _build/html)
+    python scripts/reading_load.py page EXECUTED.ipynb   # one executed chapter, built alone as a page (approximate:
+                                                         # theorem boxes and citations render as in no book)
 
 Measured on the built HTML page of each chapter, after removing what a reader sees only on request: collapsed
 admonitions (class `dropdown`: the "Reproducibility notes", solutions, hints), hidden code cells (`hide-input`,
@@ -116,7 +118,25 @@ def chapter_pages(html: Path) -> list[Path]:
     return sorted((html / "book").glob("[0-9][0-9]_*.html"))
 
 
+def page_load(executed: Path) -> Load:
+    """Build one executed chapter as a stand-alone page (jupyter-book's single-page build, no execution) and
+    measure it: a chapter's figures without building the whole book."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(executed, tmp)
+        subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", executed.name,
+                        "--path-output", "out"], cwd=tmp, check=True, capture_output=True)
+        return measure(Path(tmp, "out", "_build", "_page", executed.stem, "html", executed.stem + ".html"))
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 2 and argv[1] == "page":
+        for name in argv[2:]:
+            print(page_load(Path(name).resolve()).row())
+        return 0
     html = Path(argv[1]) if len(argv) > 1 else ROOT / "_build" / "html"
     pages = chapter_pages(html)
     if not pages:

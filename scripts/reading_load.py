@@ -8,8 +8,8 @@ Measured on the built HTML page of each chapter, after removing what a reader se
 admonitions (class `dropdown`: the "Reproducibility notes", solutions, hints), hidden code cells (`hide-input`,
 `hide-cell`, `remove-*`) and every `<details>` block. What remains is the page's main text:
 
-- **prose words**: words in the paragraphs and list items (mathematics, code and citations not counted);
-- **numbers per paragraph**: standalone numerals in each paragraph (a number glued in, "3.5 %", "[0.2, 0.4]"
+- **prose words**: words in the paragraphs, list items and tables (mathematics, code and citations not counted);
+- **numbers per paragraph**: standalone numerals in each paragraph or list item (tables are not paragraphs) (a number glued in, "3.5 %", "[0.2, 0.4]"
   counts each numeral); numerals that are part of a name (ResNet-20, FC4, 32×32 counts as two), chapter, table,
   figure, section, equation and exercise numbers, years in citations and anything in mathematics or code are
   not counted;
@@ -104,10 +104,12 @@ def measure(page: Path) -> Load:
     paragraphs = [b for b in blocks if not (b.name == "p" and b.find_parent("li") is not None)]
     paragraphs = [b for b in paragraphs if "admonition-title" not in (b.get("class") or [])
                   and "caption" not in " ".join(b.parent.get("class") or [])]
-    texts = [" ".join(b.get_text(" ").split()) for b in paragraphs]
+    in_table = [b for b in paragraphs if b.find_parent("table") is not None]
+    table_words = sum(len(WORD.findall(cell.get_text(" "))) for cell in article.find_all(["td", "th"]))
+    texts = [" ".join(b.get_text(" ").split()) for b in paragraphs if b not in in_table]
     texts = [t for t in texts if WORD.search(t)]
     counts = [len(numerals(t)) for t in texts]
-    words = sum(len(WORD.findall(t)) for t in texts)
+    words = sum(len(WORD.findall(t)) for t in texts) + table_words
     return Load(chapter=page.stem, words=words, paragraphs=len(texts),
                 numbers_per_paragraph=(sum(counts) / len(counts)) if counts else 0.0,
                 most_numbers=max(counts, default=0), code_cells=len(code),
@@ -127,8 +129,10 @@ def page_load(executed: Path) -> Load:
 
     with tempfile.TemporaryDirectory() as tmp:
         shutil.copy(executed, tmp)
+        Path(tmp, "_config.yml").write_text("execute:\n  execute_notebooks: 'off'\n")  # measure, never execute
         subprocess.run([str(Path(sys.executable).parent / "jupyter-book"), "build", executed.name,
-                        "--path-output", "out"], cwd=tmp, check=True, capture_output=True)
+                        "--path-output", "out", "--config", "_config.yml"], cwd=tmp, check=True,
+                       capture_output=True)
         return measure(Path(tmp, "out", "_build", "_page", executed.stem, "html", executed.stem + ".html"))
 
 

@@ -46,6 +46,10 @@ ANSWERS = {
     "ex-dgn-temperature": ("a function slope(q, temperature): the derivative of sigmoid(q / temperature) "
                            "with respect to q", ""),
     "ex-leveling-hc": ("the log alpha at which P(z = 0) = P(z = 1)", ""),
+    "ex-npk-sigma": ("a function constant(sigmas) returning c in E[NTK] = c * NPK", ""),
+    "ex-conv-pool": ("a function factor(d_in): what global average pooling multiplies the NPK by", ""),
+    "ex-npk-diag": ("the average of overlap(x, x)^(1/(L-1)) / w over the first 200 test digits",
+                    "model=mlp_cpu, x=xk_te[:200]"),
 }
 
 

@@ -144,6 +144,10 @@ RIGHT_AND_WRONG = {
     "ex-resnet-count": (_resnet_answer(), (_resnet_answer()[0], 0.5, 0.5)),
     "ex-dgn-temperature": (_slope, lambda q, t: torch.sigmoid(q / t) * (1 - torch.sigmoid(q / t))),
     "ex-leveling-hc": (0.0, 0.5),
+    # the solution's formula: each weight's derivative is the product of the other layers' sigmas
+    "ex-npk-sigma": (lambda sig: sum(math.prod(s * s for k, s in enumerate(sig) if k != l) for l in range(len(sig))),
+                     lambda sig: len(sig) * math.prod(s * s for s in sig)),
+    "ex-conv-pool": (lambda d: d ** -2, lambda d: 1 / d),
 }
 
 
@@ -153,6 +157,22 @@ def test_self_checks_accept_the_solution_and_reject_a_wrong_answer(label):
     assert exercises.check(label, right).correct is True
     verdict = exercises.check(label, wrong)
     assert verdict.correct is False and "not right yet" in repr(verdict)
+
+
+def test_self_check_of_the_geometric_share_counts_gates_independently():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.ReLU(), torch.nn.Linear(5, 4), torch.nn.ReLU(),
+                                torch.nn.Linear(4, 2))
+    x = torch.randn(30, 3)
+    with torch.no_grad():  # by hand: the gates on per layer, one input at a time
+        shares = []
+        for xi in x:
+            h1 = model[0](xi)
+            h2 = model[2](h1.relu())
+            shares.append((float((h1 > 0).sum()) / 5 * float((h2 > 0).sum()) / 4) ** 0.5)
+    expected = sum(shares) / len(shares)
+    assert exercises.check("ex-npk-diag", expected, model=model, x=x).correct is True
+    assert exercises.check("ex-npk-diag", expected * 1.1, model=model, x=x).correct is False
 
 
 def test_self_check_of_gate_patterns_counts_them_independently():
@@ -171,7 +191,7 @@ def test_self_check_of_gate_patterns_counts_them_independently():
 @pytest.mark.parametrize("empty", [None, ...])
 def test_an_empty_answer_is_not_answered_yet(label, empty):
     given = {"model": torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), "x": torch.zeros(1, 2)} \
-        if label == "ex-patterns" else {}
+        if label in ("ex-patterns", "ex-npk-diag") else {}
     verdict = exercises.check(label, empty, **given)
     assert verdict.correct is None and "not answered yet" in repr(verdict) and not verdict
 

@@ -202,3 +202,40 @@ def _check_hard_concrete_balance(answer) -> tuple[bool, str]:
         return True, "At that log alpha the two probabilities are equal (tolerance 1e-3)."
     side = "P(z = 0)" if gap(_number(answer)) > 0 else "P(z = 1)"
     return False, f"At your log alpha {side} is the larger of the two."
+
+
+@_exercise("ex-npk-sigma", "a function constant(sigmas) of the list [sigma_1, ..., sigma_L] (one per weight layer) "
+                           "returning c in E[NTK] = c * NPK")
+def _check_ntk_npk_constant(answer) -> tuple[bool, str]:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):  # the constant written out: sum over layers of the product of the other layers' sigma^2
+        depth = int(torch.randint(1, 6, (1,), generator=gen, device="cpu"))
+        sigmas = [float(s) for s in torch.rand(depth, generator=gen, device="cpu") + 0.05]
+        expected = sum(math.prod(s ** 2 for k, s in enumerate(sigmas) if k != l) for l in range(depth))
+        if not _close(answer(list(sigmas)), expected, rel=1e-6):
+            return False, f"For sigmas {[round(s, 3) for s in sigmas]} your constant differs."
+    return True, "Your constant agrees with the sum over layers on 20 random depths and sigmas."
+
+
+@_exercise("ex-conv-pool", "a function factor(d_in) returning the factor by which global average pooling "
+                           "multiplies the NPK, compared with global sum pooling")
+def _check_pool_factor(answer) -> tuple[bool, str]:
+    for d_in in (1, 2, 7, 40, 196):
+        if not _close(answer(d_in), 1.0 / d_in ** 2, rel=1e-9):
+            return False, f"At d_in = {d_in} your factor is not the one the two features' 1/d_in give."
+    return True, "Right: each of the two features carries one factor 1/d_in."
+
+
+@_exercise("ex-npk-diag", "the average over the inputs of overlap(x, x)^(1/(L-1)) / w (a number); pass the "
+                          "network and the inputs as check(..., model=..., x=...)")
+def _check_geometric_share(answer, *, model: torch.nn.Module, x: torch.Tensor) -> tuple[bool, str]:
+    from dualview.gates import record_gates
+
+    with torch.no_grad():
+        rec = record_gates(model.eval(), x)
+    counts = torch.stack([g.flatten(1).double().sum(1) for g in rec.gates.values()], 1)  # (N, L - 1) gates on
+    widths = torch.tensor([g[0].numel() for g in rec.gates.values()], dtype=torch.float64)
+    expected = float(((counts / widths).prod(1) ** (1 / counts.shape[1])).mean())
+    if _close(answer, expected, rel=1e-6):
+        return True, f"That is the geometric mean of the layers' active shares, averaged over {len(x)} inputs."
+    return False, "overlap(x, x) is the product of the per-layer counts of gates on; take its (L-1)-th root / w."

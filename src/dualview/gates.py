@@ -385,7 +385,8 @@ def _user_frame() -> str:
     """The innermost stack frame outside torch and dualview.gates: where the model's code made the call."""
     torch_dir = torch.__file__.rsplit("/", 1)[0] + "/"  # (not torchvision/)
     for frame in reversed(traceback.extract_stack()[:-2]):
-        if not frame.filename.startswith(torch_dir) and not frame.filename.endswith("dualview/gates.py"):
+        if not frame.filename.startswith(torch_dir) and \
+                not frame.filename.endswith(("dualview/gates.py", "dualview/paths.py")):
             return f'{frame.filename}:{frame.lineno} ("{(frame.line or "").strip()}")'
     return "an unknown place"
 
@@ -477,6 +478,14 @@ class Rule:
         """Called when the ``forward`` of the module ``where`` applies a ReLU as a function (``F.relu``,
         ``x.relu()``, in place or not) to ``q``. ``None`` (the default) refuses it with
         :class:`UnsupportedLayerError`; a rule that accepts it returns the output."""
+        return None
+
+    def linear_op(self, func: Callable, args: tuple, kwargs: dict, dependent: list[Tensor],
+                  where: str) -> Tensor | None:
+        """Called (rules that override it) for each operation the guard lets the model's own code apply to
+        tensors that depend on the input (``dependent``): linear maps, products with a constant, quotients
+        by a constant, torch's own affine layers' calls. A rule may return a replacement for the result
+        (path counting runs every such map with unit weights); ``None`` keeps it."""
         return None
 
 
@@ -577,6 +586,7 @@ class _Guard(TorchFunctionMode):
     def __init__(self, rules: tuple[Rule, ...], root: nn.Module | None = None) -> None:
         super().__init__()
         self.rules = rules
+        self.op_rules = [r for r in rules if type(r).linear_op is not Rule.linear_op]
         self.root = root  # named in a refusal outside every hooked module (a root that is a torch layer)
         self.stack: list[tuple[str, nn.Module, bool]] = []  # (label, module, its own calls are trusted)
         self.internal = 0  # > 0 while a rule runs: its own calls are not the model's
@@ -630,7 +640,14 @@ class _Guard(TorchFunctionMode):
                 return self.__torch_function__(func, types, *swapped)
         problem = self.problem(func, kind, args, kwargs, dep)
         if problem is None:
-            out = func(*args, **kwargs)
+            out = None
+            if self.op_rules and kind in ("linear", "product", "division"):
+                label, owner = (self.stack[-1][:2]) if self.stack else ("<model>", self.root)
+                where = f"'{label}' ({type(owner).__name__})"
+                out = _apply(self, lambda rule: rule.linear_op(func, args, kwargs, dep, where)
+                             if rule in self.op_rules else None, f"{_op_name(func)} in {where}")
+            if out is None:
+                out = func(*args, **kwargs)
             self.mark(out)
             return out
         label, owner = (self.stack[-1][:2]) if self.stack else ("<model>", self.root)

@@ -426,6 +426,137 @@ class _PathFlow(ImposeGates):
     def max_pool(self, site, module, x, out):
         return _window_sum(module, x, site) if self.all_on else super().max_pool(site, module, x, out)
 
+    def linear_op(self, func, args, kwargs, dependent, where):
+        return _unit_op(func, args, kwargs, dependent, where)
+
+
+# how the model's own code maps tensors between its layers, in unit weights (count_paths): a path crosses every
+# non-zero weight once with weight 1, constants (biases) carry no paths
+_STRUCTURAL = frozenset("""
+    sum cat concat concatenate stack hstack vstack view view_as reshape reshape_as flatten unflatten permute
+    transpose swapaxes swapdims t T mT contiguous clone squeeze unsqueeze expand expand_as repeat tile flip fliplr
+    flipud roll narrow chunk split tensor_split unbind movedim moveaxis select getitem iter index_select gather
+    take take_along_dim pad pixel_shuffle pixel_unshuffle channel_shuffle fold unfold diagonal tril triu
+    broadcast_to sum_to_size as_strided to type type_as float double half bfloat16 cpu cuda dropout dropout1d
+    dropout2d dropout3d alpha_dropout feature_alpha_dropout upsample_nearest
+""".split())
+_ADDITIVE = frozenset("add iadd radd sub isub rsub".split())
+_SIGNS = frozenset("neg positive pos".split())
+_SCALINGS = frozenset("mul multiply imul rmul div divide true_divide truediv itruediv".split())
+_WEIGHTED = frozenset("""
+    matmul rmatmul mm bmm mv dot inner outer einsum tensordot kron linear conv1d conv2d conv3d conv_transpose1d
+    conv_transpose2d conv_transpose3d
+""".split())
+
+
+def _unit_op(func, args, kwargs, dependent, where):
+    """The unit-weight version of one operation of the model's own code on path counts (``None``: the
+    operation itself, which is structural), or a ValueError naming what count_paths cannot count."""
+    from dualview.gates import _op_name, _user_frame
+
+    name = _op_name(func)
+    inplace = name in ("iadd", "isub", "imul", "itruediv") or getattr(func, "__name__", "").endswith("_")
+    dep_ids = {id(t) for t in dependent}
+
+    def is_dep(a):
+        return isinstance(a, Tensor) and id(a) in dep_ids
+
+    if name in _STRUCTURAL:
+        return None
+    if name in ("interpolate", "upsample"):
+        mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+        if mode in ("nearest", "nearest-exact"):
+            return None  # each output copies one input: unit weights already
+        if mode in ("linear", "bilinear", "trilinear"):
+            out = _interpolate_pattern(args, kwargs)
+        else:
+            raise ValueError(
+                f"count_paths: the forward of {where} interpolates with mode={mode!r} at {_user_frame()}; "
+                "count_paths counts paths through nearest, (bi/tri)linear interpolation only. Use one of them, "
+                "or count the network without this step.")
+    elif name in _ADDITIVE:
+        terms = [a if is_dep(a) else None for a in args[:2]]
+        kept = [t for t in terms if t is not None]
+        out = kept[0] if len(kept) == 1 else kept[0] + kept[1]  # a - b: the paths of a and of b
+        out = out.expand(torch.broadcast_shapes(*(a.shape for a in args[:2] if isinstance(a, Tensor)))).clone()
+    elif name in _SIGNS or name == "batch_norm":
+        out = args[0].clone()
+    elif name in _SCALINGS:
+        first = args[0]
+        dep = first if is_dep(first) else args[1]
+        other = args[1] if dep is first else first
+        out = dep * torch.ones_like(other) if isinstance(other, Tensor) else dep.clone()
+    elif name == "mean":
+        out = torch.sum(*args, **kwargs)
+    elif name in ("avg_pool1d", "avg_pool2d", "avg_pool3d"):
+        out = _functional_window_sum(func, args, kwargs)
+    elif name.startswith("adaptive_avg_pool"):
+        x, size = args[0], kwargs.get("output_size", args[1] if len(args) > 1 else None)
+        pooled = func(x, size)
+        ins, outs = x.shape[2:], pooled.shape[2:]
+        if any(i % o for i, o in zip(ins, outs)):
+            raise ValueError(f"count_paths: adaptive pooling in {where} maps {tuple(ins)} to {tuple(outs)} "
+                             f"with unequal windows, at {_user_frame()}; path counts need equal windows")
+        out = pooled * math.prod(i // o for i, o in zip(ins, outs))
+    elif name in _WEIGHTED:
+        bias_at = {"linear": 2, "conv1d": 2, "conv2d": 2, "conv3d": 2, "conv_transpose1d": 2,
+                   "conv_transpose2d": 2, "conv_transpose3d": 2}.get(name)
+        new_args = [torch.ones_like(a) if isinstance(a, Tensor) and not is_dep(a) else a for a in args]
+        new_kwargs = {k: torch.ones_like(v) if isinstance(v, Tensor) and not is_dep(v) else v
+                      for k, v in kwargs.items()}
+        if bias_at is not None:
+            if len(new_args) > bias_at:
+                new_args[bias_at] = None
+            new_kwargs.pop("bias", None)
+        out = func(*new_args, **new_kwargs)
+    else:
+        raise ValueError(
+            f"count_paths: the forward of {where} applies {name} at {_user_frame()}, which count_paths does not "
+            "know how to count paths through (it would silently keep that operation's weights). Count a network "
+            "whose forward uses layers (nn.Linear, nn.Conv2d, pools, nn.Flatten) and sums, views and "
+            "concatenations between them.")
+    if inplace:
+        return args[0].copy_(out)
+    return out
+
+
+def _functional_window_sum(func, args, kwargs) -> Tensor:
+    """F.avg_pool{1,2,3}d with its arguments, as each window's plain sum (divisor 1)."""
+    params = ["input", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"]
+    bound = dict(zip(params, args), **kwargs)
+    x = bound.pop("input")
+    bound["count_include_pad"] = True
+    if func.__name__ == "avg_pool1d" or x.dim() == 3:
+        k = bound.get("kernel_size")
+        k = k[0] if isinstance(k, (tuple, list)) else k
+        pool = nn.AvgPool1d(k, bound.get("stride") or None, bound.get("padding", 0), bound.get("ceil_mode", False))
+        return _window_sum(pool, x, "functional avg_pool1d")
+    bound["divisor_override"] = 1
+    if x.dim() == 5:
+        return F.avg_pool3d(x, **bound)
+    return F.avg_pool2d(x, **bound)
+
+
+def _interpolate_pattern(args, kwargs) -> Tensor:
+    """(Bi/tri)linear interpolation with every non-zero weight 1: the interpolation of the identity along each
+    spatial axis gives that axis' weights; their non-zero pattern is applied axis by axis (separable)."""
+    params = ["input", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias"]
+    bound = dict(zip(params, args), **kwargs)
+    x = bound.pop("input")
+    out_shape = F.interpolate(x[:1, :1], **bound).shape[2:]
+    sizes, scales = bound.get("size"), bound.get("scale_factor")
+    out = x
+    for axis, (n_in, n_out) in enumerate(zip(x.shape[2:], out_shape)):
+        scale = scales[axis] if isinstance(scales, (tuple, list)) else scales
+        eye = torch.eye(n_in, dtype=x.dtype, device=x.device).unsqueeze(1)  # (n_in, 1, n_in): one signal each
+        weights = F.interpolate(eye, size=None if scale is not None and sizes is None else n_out,
+                                scale_factor=None if sizes is not None or scale is None else scale,
+                                mode="linear", align_corners=bound.get("align_corners"),
+                                recompute_scale_factor=bound.get("recompute_scale_factor"))
+        pattern = (weights[:, 0, :] != 0).to(x.dtype)  # (n_in, n_out)
+        out = torch.movedim(torch.movedim(out, 2 + axis, -1) @ pattern, -1, 2 + axis)
+    return out
+
 
 def count_paths(model: nn.Module, x: Tensor | None = None, input_shape: tuple[int, ...] | None = None,
                 batch_size: int = 250) -> PathCount:

@@ -1,6 +1,8 @@
 """Gates: recorded gates match the ReLUs, GaLU runs, and every documented bad input gives its error."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import gates
+from dualview import gates, paths
 
 
 def conv_net() -> nn.Module:
@@ -363,3 +365,46 @@ def test_an_identity_reading_an_inplace_relus_input_gets_the_relus_output():
     with torch.no_grad():
         plain = net(x)
     assert torch.equal(gates.record_gates(net, x).output, plain)
+
+
+# --- models as people have them (issue 39, finding 2) -------------------------------------------------------
+class _TupleNet(nn.Module):
+    def __init__(self, as_dict: bool = False) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+        self.as_dict = as_dict
+
+    def forward(self, x):
+        out = self.net(x)
+        return {"logits": out, "features": 2 * out} if self.as_dict else (out, 2 * out)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_model_returning_a_tuple_or_dict_gets_a_clear_error_and_a_selector(as_dict):
+    from dualview import explain
+
+    torch.manual_seed(0)
+    model, x = _TupleNet(as_dict).eval(), torch.randn(3, 1, 2, 2)
+    hint = "SelectOutput(model, 'logits')" if as_dict else "SelectOutput(model, 0)"
+    for method in explain.METHODS:
+        with pytest.raises(TypeError, match=re.escape(hint)):
+            explain.attribute(model, x, 1, method)
+    with pytest.raises(TypeError, match="returns a dict" if as_dict else "returns a tuple of 2 items"):
+        gates.record_gates(model, x)
+    wrapped = gates.SelectOutput(model, "logits" if as_dict else 0)
+    for method in ("gradient", "pullback", "insens"):
+        torch.testing.assert_close(explain.attribute(wrapped, x, 1, method), explain.attribute(model.net, x, 1, method))
+
+
+def test_scripted_and_compiled_models_are_told_what_to_pass():
+    from dualview import explain
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    x = torch.randn(2, 1, 2, 2)
+    for wrapped, advice in ((torch.jit.script(net), "eager nn.Module"), (torch.jit.trace(net, x), "eager nn.Module"),
+                            (torch.compile(net), "model._orig_mod")):
+        for call in (lambda m: explain.attribute(m, x, 0, "pullback"), lambda m: gates.record_gates(m, x),
+                     lambda m: paths.count_paths(m, input_shape=(1, 2, 2))):
+            with pytest.raises(TypeError, match=re.escape(advice)):
+                call(wrapped)
+        assert "register_linear_layer" not in advice

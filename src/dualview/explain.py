@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from dualview import projections, pullbacks
-from dualview.gates import UnsupportedLayerError, check_batch, check_eval
+from dualview.gates import UnsupportedLayerError, check_batch, check_eval, model_output
 from dualview.metrics import target_classes
 
 __all__ = ["METHODS", "CLASS_AGNOSTIC", "attribute", "edge_map", "quantus_explain_func"]
@@ -341,7 +341,7 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     check_eval(model)  # before any forward, for every method: a refused call leaves the model untouched
     x = x.detach()
     with torch.no_grad():
-        logits = model(x)
+        logits = model_output(model, x)
     if logits.dim() != 2:
         raise ValueError(f"the model must return logits of shape (N, classes), got {tuple(logits.shape)}")
     t = target_classes(target, logits)

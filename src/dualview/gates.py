@@ -75,7 +75,7 @@ __all__ = [
     "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
     "unregister_linear_layer", "full_precision", "tf32_off",
     "clip_ceiling", "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates",
-    "active_share",
+    "active_share", "model_output", "SelectOutput",
 ]
 
 
@@ -211,6 +211,56 @@ def _smooth_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
         "explain.attribute(..., 'pullback')) and the gradient-based methods of explain.attribute.")
 
 
+def check_model(model: object) -> None:
+    """Raise a TypeError that says what to pass instead, unless ``model`` is an eager ``nn.Module``: dualview
+    sees a model's layers through module hooks and its operations through a torch-function mode, which a
+    TorchScript module (``torch.jit.script`` / ``trace``) or a ``torch.compile`` wrapper hides."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError(
+            f"the model is a TorchScript module ({type(model).__name__}, from torch.jit.script or torch.jit.trace): "
+            "its forward runs as a compiled graph, whose layers and operations dualview cannot see. Pass the "
+            "eager nn.Module you scripted (the results are the same network's).")
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        raise TypeError(
+            "the model is a torch.compile wrapper (OptimizedModule): compiled code hides the layers and "
+            "operations dualview checks. Pass the module it wraps, model._orig_mod (the same parameters).")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+
+
+class SelectOutput(nn.Module):
+    """``model`` with one part of its output: ``SelectOutput(model, 0)`` for a model returning a tuple whose
+    first item is the logits, ``SelectOutput(model, "logits")`` for a dict. dualview's methods need a model
+    that returns one tensor of logits ``(N, classes)``."""
+
+    def __init__(self, model: nn.Module, key: int | str) -> None:
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.model(x)[self.key]
+
+
+def model_output(model: nn.Module, x: Tensor) -> Tensor:
+    """``model(x)``, which must be one tensor; a tuple, list or dict output is refused with the wrapper that
+    selects the logits (:class:`SelectOutput`)."""
+    out = model(x)
+    if isinstance(out, Tensor):
+        return out
+    if isinstance(out, dict):
+        keys = ", ".join(repr(k) for k in out)
+        example = f"SelectOutput(model, {next(iter(out))!r})" if out else "SelectOutput(model, key)"
+        what = f"a dict with the keys {keys}"
+    elif isinstance(out, (tuple, list)):
+        example, what = "SelectOutput(model, 0)", f"a {type(out).__name__} of {len(out)} items"
+    else:
+        example, what = "a wrapper module", f"a {type(out).__name__}"
+    raise TypeError(
+        f"the model ({type(model).__name__}) returns {what}, not one tensor: dualview's methods need the logits "
+        f"(N, classes) as the model's output. Wrap it so that it returns them, e.g. "
+        f"dualview.gates.{example} (the item that holds the logits).")
+
+
 def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = False,
                     _named: list[tuple[str, nn.Module]] | None = None) -> None:
     """Raise :class:`UnsupportedLayerError` if ``model`` holds a layer dualview cannot handle.
@@ -222,8 +272,7 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
     inside is not checked: the rule holds its scale fixed) and ``StochasticDepth`` with ``smooth=True`` only
     (by the surrogate backward of excitation pullbacks).
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    check_model(model)
     named = list(model.named_modules()) if _named is None else _named
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
     channel_gates, depth_drops = _smooth_blocks()
@@ -290,6 +339,7 @@ def check_eval(model: nn.Module, _named: list[tuple[str, nn.Module]] | None = No
     """Raise :class:`UnsupportedLayerError` unless every layer whose computation depends on the mode is in
     eval mode (BatchNorm, Dropout) and every BatchNorm has running statistics. Reads only flags and
     buffers: call it before any forward, so that a refused call leaves the model untouched."""
+    check_model(model)
     for name, module in (model.named_modules() if _named is None else _named):
         label = name or "<model>"
         if isinstance(module, _EVAL_ONLY) and module.training:
@@ -980,7 +1030,7 @@ def record_gates(model: nn.Module, x: Tensor) -> GateRecord:
     check_batch(x)
     rule = Record()
     with instrument(model, rule):
-        out = model(x)
+        out = model_output(model, x)
     return GateRecord(output=out, preactivations=rule.preactivations, pool_indices=rule.pool_indices,
                       ceilings=rule.ceilings)
 
@@ -1006,7 +1056,7 @@ def run_with_gates(model: nn.Module, x: Tensor, gates: Mapping[str, Tensor],
     impose = ImposeGates(gates, pool_indices, saturated)
     rules = (impose,) if preactivations is None else (Record(preactivations, winners=False), impose)
     with instrument(model, *rules):
-        out = model(x)
+        out = model_output(model, x)
     impose.check_complete()
     return out
 

@@ -365,6 +365,9 @@ def unit_network(model: nn.Module) -> nn.Module:
     input that reach it; running it with imposed gates on an input ``z`` sums ``z[p_0]`` over the
     active paths (Chapters 2 and 4 check kernel formulas against such path sums).
     """
+    from dualview.gates import check_model
+
+    check_model(model)
     unit = copy.deepcopy(model).double().eval()
     for name, m in list(unit.named_modules()):
         replacement = None

@@ -436,7 +436,7 @@ def _user_frame() -> str:
     torch_dir = torch.__file__.rsplit("/", 1)[0] + "/"  # (not torchvision/)
     for frame in reversed(traceback.extract_stack()[:-2]):
         if not frame.filename.startswith(torch_dir) and \
-                not frame.filename.endswith(("dualview/gates.py", "dualview/paths.py")):
+                not frame.filename.endswith("dualview/gates.py"):
             return f'{frame.filename}:{frame.lineno} ("{(frame.line or "").strip()}")'
     return "an unknown place"
 
@@ -530,12 +530,14 @@ class Rule:
         :class:`UnsupportedLayerError`; a rule that accepts it returns the output."""
         return None
 
-    def linear_op(self, func: Callable, args: tuple, kwargs: dict, dependent: list[Tensor],
+    def linear_op(self, name: str, func: Callable, args: tuple, kwargs: dict, dependent: list[Tensor],
                   where: str) -> Tensor | None:
         """Called (rules that override it) for each operation the guard lets the model's own code apply to
         tensors that depend on the input (``dependent``): linear maps, products with a constant, quotients
-        by a constant, torch's own affine layers' calls. A rule may return a replacement for the result
-        (path counting runs every such map with unit weights); ``None`` keeps it."""
+        by a constant, torch's own affine layers' calls. ``name`` is the operation's (``add`` for
+        ``torch.add``, ``Tensor.add_`` and ``+``), ``where`` the module and the line of code. A rule may
+        return a replacement for the result (path counting runs every such map with unit weights); ``None``
+        keeps it."""
         return None
 
 
@@ -693,9 +695,10 @@ class _Guard(TorchFunctionMode):
             out = None
             if self.op_rules and kind in ("linear", "product", "division"):
                 label, owner = (self.stack[-1][:2]) if self.stack else ("<model>", self.root)
-                where = f"'{label}' ({type(owner).__name__})"
-                out = _apply(self, lambda rule: rule.linear_op(func, args, kwargs, dep, where)
-                             if rule in self.op_rules else None, f"{_op_name(func)} in {where}")
+                where = f"'{label}' ({type(owner).__name__}), at {_user_frame()}"
+                name = _op_name(func)
+                out = _apply(self, lambda rule: rule.linear_op(name, func, args, kwargs, dep, where)
+                             if rule in self.op_rules else None, f"{name} in {where}")
             if out is None:
                 out = func(*args, **kwargs)
             self.mark(out)

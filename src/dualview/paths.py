@@ -429,8 +429,8 @@ class _PathFlow(ImposeGates):
     def max_pool(self, site, module, x, out):
         return _window_sum(module, x, site) if self.all_on else super().max_pool(site, module, x, out)
 
-    def linear_op(self, func, args, kwargs, dependent, where):
-        return _unit_op(func, args, kwargs, dependent, where)
+    def linear_op(self, name, func, args, kwargs, dependent, where):
+        return _unit_op(name, func, args, kwargs, dependent, where)
 
 
 # how the model's own code maps tensors between its layers, in unit weights (count_paths): a path crosses every
@@ -452,12 +452,9 @@ _WEIGHTED = frozenset("""
 """.split())
 
 
-def _unit_op(func, args, kwargs, dependent, where):
+def _unit_op(name, func, args, kwargs, dependent, where):
     """The unit-weight version of one operation of the model's own code on path counts (``None``: the
     operation itself, which is structural), or a ValueError naming what count_paths cannot count."""
-    from dualview.gates import _op_name, _user_frame
-
-    name = _op_name(func)
     inplace = name in ("iadd", "isub", "imul", "itruediv") or getattr(func, "__name__", "").endswith("_")
     dep_ids = {id(t) for t in dependent}
 
@@ -474,7 +471,7 @@ def _unit_op(func, args, kwargs, dependent, where):
             out = _interpolate_pattern(args, kwargs)
         else:
             raise ValueError(
-                f"count_paths: the forward of {where} interpolates with mode={mode!r} at {_user_frame()}; "
+                f"count_paths: the forward of {where} interpolates with mode={mode!r}; "
                 "count_paths counts paths through nearest, (bi/tri)linear interpolation only. Use one of them, "
                 "or count the network without this step.")
     elif name in _ADDITIVE:
@@ -499,7 +496,7 @@ def _unit_op(func, args, kwargs, dependent, where):
         ins, outs = x.shape[2:], pooled.shape[2:]
         if any(i % o for i, o in zip(ins, outs)):
             raise ValueError(f"count_paths: adaptive pooling in {where} maps {tuple(ins)} to {tuple(outs)} "
-                             f"with unequal windows, at {_user_frame()}; path counts need equal windows")
+                             f"with unequal windows,; path counts need equal windows")
         out = pooled * math.prod(i // o for i, o in zip(ins, outs))
     elif name in _WEIGHTED:
         bias_at = {"linear": 2, "conv1d": 2, "conv2d": 2, "conv3d": 2, "conv_transpose1d": 2,
@@ -514,7 +511,7 @@ def _unit_op(func, args, kwargs, dependent, where):
         out = func(*new_args, **new_kwargs)
     else:
         raise ValueError(
-            f"count_paths: the forward of {where} applies {name} at {_user_frame()}, which count_paths does not "
+            f"count_paths: the forward of {where} applies {name}, which count_paths does not "
             "know how to count paths through (it would silently keep that operation's weights). Count a network "
             "whose forward uses layers (nn.Linear, nn.Conv2d, pools, nn.Flatten) and sums, views and "
             "concatenations between them.")

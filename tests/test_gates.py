@@ -1,6 +1,7 @@
 """Gates: recorded gates match the ReLUs, GaLU runs, and every documented bad input gives its error."""
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -309,10 +310,12 @@ def _builtin_affine_layers():
         (nn.ConstantPad1d(1, 0.5), (3, 2, 8)), (nn.ConstantPad2d(1, -0.5), (3, 2, 6, 6)),
         (nn.Upsample(scale_factor=2, mode="nearest"), (3, 2, 4, 4)),
         (nn.Upsample(scale_factor=2, mode="bilinear"), (3, 2, 4, 4)),
+        (nn.ConvTranspose1d(2, 3, 3, stride=2), (3, 2, 5)), (nn.ConvTranspose2d(2, 3, 2, stride=2), (3, 2, 3, 3)),
+        (nn.UpsamplingNearest2d(scale_factor=2), (3, 2, 3, 3)), (nn.UpsamplingBilinear2d(size=(5, 7)), (3, 2, 3, 3)),
     ]
 
 
-@pytest.mark.parametrize("case", range(22))
+@pytest.mark.parametrize("case", range(26))
 def test_every_builtin_affine_layer_passes_the_guard_unchanged(case):
     # torch's own affine layers are not hooked: the guard checks the calls they make against its list. Each
     # must pass, with the output unchanged, its own gates reproducing it, and the hard-gated pullback through
@@ -343,7 +346,7 @@ def test_the_builtin_affine_layers_are_all_covered():
     covered = {type(layer) for layer, _ in _builtin_affine_layers()}
     builtin = {c for c in gates.SUPPORTED_LAYERS() if c.__module__.startswith("torch.nn")}
     assert builtin - set(gates.GATE_LAYERS + gates.POOL_GATE_LAYERS) == covered
-    assert len(_builtin_affine_layers()) == 22
+    assert len(_builtin_affine_layers()) == 26
 
 
 def test_an_identity_reading_an_inplace_relus_input_gets_the_relus_output():
@@ -408,3 +411,51 @@ def test_scripted_and_compiled_models_are_told_what_to_pass():
             with pytest.raises(TypeError, match=re.escape(advice)):
                 call(wrapped)
         assert "register_linear_layer" not in advice
+
+
+class _DropPath(nn.Module):
+    """timm's stochastic depth, as users write it: the identity in eval mode."""
+
+    def __init__(self, p: float = 0.2) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            return x
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+        return x * mask / (1 - self.p)
+
+
+class _Residual(nn.Module):
+    def __init__(self, drop: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.relu, self.drop = nn.Conv2d(2, 2, 3, padding=1), nn.ReLU(), drop
+
+    def forward(self, x):
+        return x + self.drop(self.relu(self.conv(x)))
+
+
+def test_identities_of_ones_own_and_transposed_convolutions_are_accepted():
+    from dualview import explain
+
+    torch.manual_seed(5)
+    with_drop = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), _Residual(_DropPath()),
+                              nn.ConvTranspose2d(2, 2, 2, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                              nn.Flatten(), nn.Linear(2, 3)).eval()
+    without = copy.deepcopy(with_drop)
+    without[2].drop = nn.Identity()
+    x = torch.randn(4, 1, 4, 4)
+    a, b = gates.record_gates(with_drop, x), gates.record_gates(without, x)
+    assert a.names == b.names and all(torch.equal(a.gates[n], b.gates[n]) for n in a.names)
+    torch.testing.assert_close(gates.run_with_gates(with_drop, x, a.gates), with_drop(x))
+    for method in ("pullback", "insens"):
+        torch.testing.assert_close(explain.attribute(with_drop, x, 2, method), explain.attribute(without, x, 2, method))
+    assert paths.count_paths(with_drop, input_shape=(1, 4, 4)).total[-1] == \
+        paths.count_paths(without, input_shape=(1, 4, 4)).total[-1]
+    with_drop.train()
+    for m in with_drop.modules():
+        if isinstance(m, nn.Conv2d):
+            m.eval()
+    with pytest.raises(gates.UnsupportedLayerError, match=r"'2\.drop' \(_DropPath\) is in training mode.*eval"):
+        gates.record_gates(with_drop, x)

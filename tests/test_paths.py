@@ -357,3 +357,19 @@ def test_count_paths_refuses_what_it_cannot_count_by_name():
         paths.count_paths(Cubic(), input_shape=(1, 3, 3))
     with pytest.raises(ValueError, match="test_paths.py.*applies where"):
         paths.count_paths(Masked(), input_shape=(3,))
+
+
+def test_count_paths_through_transposed_convolutions_and_upsampling_matches_brute_force():
+    torch.manual_seed(4)
+    up, lin = nn.ConvTranspose2d(1, 2, 2, stride=2), nn.Linear(2 * 6 * 6, 3)
+    with torch.no_grad():
+        up.weight.uniform_(0.5, 1.0)
+        lin.weight.uniform_(0.5, 1.0)
+    resize = nn.Upsample(size=(6, 6), mode="bilinear")
+    net = nn.Sequential(up, nn.ReLU(), resize, nn.Flatten(), lin).double().eval()
+    A1 = _adjacency_reference(lambda z: nn.functional.conv_transpose2d(z, up.weight.double(), stride=2), (1, 2, 2))
+    A2 = _adjacency_reference(lambda z: resize(z), (2, 4, 4))
+    A3 = _adjacency_reference(lambda z: z.flatten(1) @ lin.weight.double().T, (72,))
+    ones = torch.ones(4, dtype=torch.float64)
+    counts = paths.count_paths(net, input_shape=(1, 2, 2))
+    assert counts.total[0] == (A1 @ ones).sum() and counts.total[-1] == (A3 @ A2 @ A1 @ ones).sum()

@@ -98,6 +98,7 @@ _LINEAR_LAYERS: list[type[nn.Module]] = [
     nn.Linear, nn.Conv1d, nn.Conv2d, nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d,
     nn.BatchNorm1d, nn.BatchNorm2d, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Flatten, nn.Unflatten,
     nn.Identity, nn.ZeroPad1d, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d, nn.Upsample,
+    nn.ConvTranspose1d, nn.ConvTranspose2d, nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d,
 ]
 _EVAL_ONLY: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
@@ -261,6 +262,14 @@ def model_output(model: nn.Module, x: Tensor) -> Tensor:
         f"dualview.gates.{example} (the item that holds the logits).")
 
 
+def _checked_op_by_op(module: nn.Module) -> bool:
+    """A layer of the user's own without parameters (a DropPath, a scaling, a reshaping): not refused up
+    front, the guard of :func:`instrument` checks each operation of its forward (in eval mode an identity
+    such as timm's DropPath computes nothing). torch's own layers are judged by their class."""
+    return not type(module).__module__.startswith("torch.") and \
+        not any(True for _ in module.parameters(recurse=False)) and not any(True for _ in module.children())
+
+
 def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = False,
                     _named: list[tuple[str, nn.Module]] | None = None) -> None:
     """Raise :class:`UnsupportedLayerError` if ``model`` holds a layer dualview cannot handle.
@@ -308,6 +317,13 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
                         "piece), but not here: path counts, neural path kernels and gated networks are "
                         "defined for ReLU networks. Use nn.ReLU for these.")
             declared = getattr(type(module), "linear_layer", False)
+            if not (isinstance(module, supported) or declared) and _checked_op_by_op(module):
+                if module.training:
+                    raise UnsupportedLayerError(
+                        f"layer '{label}' ({type(module).__name__}) is in training mode, where a layer of "
+                        "your own may compute something random or input-dependent (a DropPath drops rows): "
+                        "call model.eval() first.")
+                continue  # no parameters, not torch's own: the guard checks what its forward computes
             if not (isinstance(module, supported) or declared):
                 raise UnsupportedLayerError(
                     f"layer '{label}' ({type(module).__name__}) is not supported: dualview reads "

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from dualview.gates import POOL_GATE_LAYERS, ImposeGates, instrument, record_gates
+from dualview.gates import POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, instrument, record_gates
 from dualview.surrogates import check_temperature, soft_gates
 
 __all__ = [
@@ -376,15 +376,17 @@ def unit_network(model: nn.Module) -> nn.Module:
                 # unit weight, no bias, zero mean and unit variance: the identity, exactly (a BatchNorm
                 # with eps = 0 would be one too, but PyTorch 2.11 refuses eps = 0 even in eval mode)
                 replacement = nn.Identity()
-            elif isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d)):
+            elif isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.ConvTranspose1d, nn.ConvTranspose2d)):
                 m.weight.fill_(1.0)
                 if m.bias is not None:
                     m.bias.zero_()
             elif isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
                 replacement = _SumPool(m, name)
-            elif not list(m.children()) and not isinstance(m, (nn.ReLU, nn.Flatten, nn.Identity, nn.Dropout,
-                                                               nn.Sequential, nn.ModuleList, nn.ModuleDict)
-                                                              + POOL_GATE_LAYERS):
+            elif not list(m.children()) and not isinstance(m, _STRUCTURAL_LAYERS + POOL_GATE_LAYERS) and \
+                    (type(m).__module__.startswith("torch.") or any(True for _ in m.parameters())
+                     or getattr(type(m), "linear_layer", False) or isinstance(m, SUPPORTED_LAYERS())):
+                # (a parameter-free layer of the user's own, a DropPath say, is counted op by op; a registered
+                # or declared linear layer is trusted whole by the guard, so it needs its unit-weight rule)
                 rule = _UNIT_RULES.get(type(m)) or getattr(type(m), "unit_weights", None)
                 if rule is None:
                     raise TypeError(
@@ -433,13 +435,17 @@ class _PathFlow(ImposeGates):
         return _unit_op(name, func, args, kwargs, dependent, where)
 
 
+# torch's own layers without weights: their calls (F.pad, F.interpolate, F.dropout, ...) are counted by _unit_op
+_STRUCTURAL_LAYERS = (nn.ReLU, nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+                      nn.ZeroPad1d, nn.ZeroPad2d, nn.ConstantPad1d, nn.ConstantPad2d, nn.Upsample,
+                      nn.UpsamplingNearest2d, nn.UpsamplingBilinear2d, nn.Sequential, nn.ModuleList, nn.ModuleDict)
 # how the model's own code maps tensors between its layers, in unit weights (count_paths): a path crosses every
 # non-zero weight once with weight 1, constants (biases) carry no paths
 _STRUCTURAL = frozenset("""
     sum cat concat concatenate stack hstack vstack view view_as reshape reshape_as flatten unflatten permute
     transpose swapaxes swapdims t T mT contiguous clone squeeze unsqueeze expand expand_as repeat tile flip fliplr
     flipud roll narrow chunk split tensor_split unbind movedim moveaxis select getitem iter index_select gather
-    take take_along_dim pad pixel_shuffle pixel_unshuffle channel_shuffle fold unfold diagonal tril triu
+    take take_along_dim pixel_shuffle pixel_unshuffle channel_shuffle fold unfold diagonal tril triu
     broadcast_to sum_to_size as_strided to type type_as float double half bfloat16 cpu cuda dropout dropout1d
     dropout2d dropout3d alpha_dropout feature_alpha_dropout upsample_nearest
 """.split())
@@ -463,6 +469,9 @@ def _unit_op(name, func, args, kwargs, dependent, where):
 
     if name in _STRUCTURAL:
         return None
+    if name == "pad":  # a constant pad value is a bias: no paths start there
+        return F.pad(*args[:2], **{k: v for k, v in kwargs.items() if k != "value"}) if \
+            kwargs.get("mode", args[2] if len(args) > 2 else "constant") == "constant" else func(*args, **kwargs)
     if name in ("interpolate", "upsample"):
         mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
         if mode in ("nearest", "nearest-exact"):

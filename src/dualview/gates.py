@@ -75,7 +75,7 @@ __all__ = [
     "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces",
     "unregister_linear_layer", "full_precision", "tf32_off",
     "clip_ceiling", "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates",
-    "active_share", "model_output", "SelectOutput",
+    "active_share", "model_output", "SelectOutput", "LEAKY_LAYERS", "leaky_slope",
 ]
 
 
@@ -92,6 +92,11 @@ CLIPPED_LAYERS: tuple[type[nn.Module], ...] = (nn.Hardtanh,)
 #: Smooth self-gated activations ``q * g(q)`` (``nn.SiLU``: ``g = sigmoid``; ``nn.GELU``: ``g = Phi``, the
 #: normal CDF): no exact dual view; accepted only by rules with ``smooth = True`` (the surrogate backward).
 SMOOTH_LAYERS: tuple[type[nn.Module], ...] = (nn.SiLU, nn.GELU)
+#: Leaky ReLUs ``max(q, 0) + a min(q, 0)`` (``nn.LeakyReLU``: slope ``a = negative_slope``; ``nn.PReLU``: a learnt
+#: slope, one or one per channel): a gate whose off state has slope ``a`` instead of 0, gate values in
+#: ``{a, 1}``; accepted by rules with ``leaky = True`` (recorded and imposed gates, gated linear models, switched
+#: projections, Insens, path counts).
+LEAKY_LAYERS: tuple[type[nn.Module], ...] = (nn.LeakyReLU, nn.PReLU)
 #: The max-pools: each window passes its winner, a gate over the window (the winners are recorded).
 POOL_GATE_LAYERS: tuple[type[nn.Module], ...] = (nn.MaxPool1d, nn.MaxPool2d)
 _LINEAR_LAYERS: list[type[nn.Module]] = [
@@ -192,6 +197,27 @@ def clip_ceiling(module: nn.Module, label: str = "") -> float:
     return hi
 
 
+def leaky_slope(module: nn.Module, q: Tensor) -> Tensor | float:
+    """The off-state slope ``a`` of a leaky ReLU call with pre-activation ``q``, broadcastable against ``q``
+    (a PReLU with one slope per channel: along dimension 1); 0.0 for a ReLU."""
+    if isinstance(module, nn.PReLU):
+        a = module.weight.detach().to(dtype=q.dtype, device=q.device)
+        return a.view(1, -1, *([1] * (q.dim() - 2))) if a.numel() > 1 else a.reshape(())
+    if isinstance(module, nn.LeakyReLU):
+        return float(module.negative_slope)
+    return 0.0
+
+
+def _leaky_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
+    return UnsupportedLayerError(
+        f"layer '{label}' ({type(module).__name__}) is a leaky ReLU: a gate whose off state has slope a instead "
+        "of 0 (gate values in {a, 1}). dualview handles it exactly in recorded and imposed gates "
+        "(record_gates, run_with_gates), gated linear models, switched projections, Insens and path counts "
+        "(a path is active where its gates are on, as for ReLU), but not here: neural path kernels, gated "
+        "networks and the excitation pullback's surrogate gates are defined for ReLU networks in the papers "
+        "(the gradient methods of explain.attribute run on any model). Use nn.ReLU for these.")
+
+
 def _smooth_blocks() -> tuple[tuple[type[nn.Module], ...], tuple[type[nn.Module], ...]]:
     """torchvision's ``(SqueezeExcitation,), (StochasticDepth,)`` (empty without torchvision)."""
     try:
@@ -271,7 +297,7 @@ def _checked_op_by_op(module: nn.Module) -> bool:
 
 
 def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = False,
-                    _named: list[tuple[str, nn.Module]] | None = None) -> None:
+                    _named: list[tuple[str, nn.Module]] | None = None, leaky: bool = False) -> None:
     """Raise :class:`UnsupportedLayerError` if ``model`` holds a layer dualview cannot handle.
 
     Leaf modules must be supported layers; modules with children must not own parameters of
@@ -279,7 +305,8 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
     ReLUs (:data:`CLIPPED_LAYERS`) are accepted with ``clipped=True`` only (by the computations that handle
     their saturated piece); SiLU / GELU (:data:`SMOOTH_LAYERS`), torchvision's ``SqueezeExcitation`` (whose
     inside is not checked: the rule holds its scale fixed) and ``StochasticDepth`` with ``smooth=True`` only
-    (by the surrogate backward of excitation pullbacks).
+    (by the surrogate backward of excitation pullbacks). Leaky ReLUs (:data:`LEAKY_LAYERS`) with ``leaky=True``
+    only (by the computations that handle their {a, 1} gates).
     """
     check_model(model)
     named = list(model.named_modules()) if _named is None else _named
@@ -307,6 +334,14 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
         if not children:
             if isinstance(module, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
                 continue  # an empty container computes nothing
+            if isinstance(module, LEAKY_LAYERS):
+                if not leaky:
+                    raise _leaky_refusal(label, module)
+                if type(module).forward not in (nn.LeakyReLU.forward, nn.PReLU.forward):
+                    raise UnsupportedLayerError(
+                        f"layer '{label}' ({type(module).__name__}) subclasses a leaky ReLU but overrides its "
+                        "forward: use the plain layer.")
+                continue
             if isinstance(module, CLIPPED_LAYERS) and type(module).forward is nn.Hardtanh.forward:
                 clip_ceiling(module, label)
                 if not clipped:
@@ -513,6 +548,10 @@ class Rule:
     #: (:meth:`dualview.gates.Rule.channel_gate`) and ``StochasticDepth``: :func:`dualview.gates.instrument`
     #: refuses models holding them unless every rule says ``True``.
     smooth: bool = False
+    #: Whether the rule handles leaky ReLUs (:data:`dualview.gates.LEAKY_LAYERS`) at its ReLU sites, whose
+    #: output is ``q * (a + (1 - a) G)`` with the off-state slope ``a`` (:func:`dualview.gates.leaky_slope`):
+    #: :func:`dualview.gates.instrument` refuses models holding them unless every rule says ``True``.
+    leaky: bool = False
 
     def relu(self, site: str, module: nn.Module, q: Tensor) -> Tensor | None:
         """Called at each ReLU call (and each hard-clipped ReLU call, for rules with ``clipped = True``)
@@ -563,6 +602,7 @@ class Record(Rule):
     the winners of every max-pool call into ``pool_indices``."""
 
     clipped = True
+    leaky = True
 
     def __init__(self, preactivations: dict[str, Tensor] | None = None, winners: bool = True) -> None:
         self.preactivations = {} if preactivations is None else preactivations
@@ -586,9 +626,10 @@ class ImposeGates(Rule):
     """GaLU: every ReLU call ``site`` outputs ``q * gates[site]``, every hard-clipped ReLU call
     ``q * gates[site] + t * saturated[site]``; with ``pool_indices``, every max-pool passes the given winners
     instead of its own maxima. :meth:`check_complete` then says whether every call had its gates and every
-    given gate was used."""
+    given gate was used. A leaky ReLU call outputs ``q * (a + (1 - a) gates[site])`` (its off-state slope ``a``)."""
 
     clipped = True
+    leaky = True
 
     def __init__(self, gates: Mapping[str, Tensor], pool_indices: Mapping[str, Tensor] | None = None,
                  saturated: Mapping[str, Tensor] | None = None) -> None:
@@ -604,7 +645,11 @@ class ImposeGates(Rule):
             return None
         g = self.gates[site]
         try:
-            out = q * g.to(dtype=q.dtype, device=q.device)
+            g_q = g.to(dtype=q.dtype, device=q.device)
+            if isinstance(module, LEAKY_LAYERS):  # gate values {a, 1}
+                a = leaky_slope(module, q)
+                g_q = a + (1 - a) * g_q
+            out = q * g_q
             if clipped:  # the constant saturated piece t * H
                 h = self.saturated[site].to(dtype=q.dtype, device=q.device)
                 out = out + clip_ceiling(module, site) * h
@@ -813,8 +858,10 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     if bad:
         raise TypeError(f"instrument expects dualview.gates.Rule objects, got {bad!r}")
     smooth = bool(rules) and all(r.smooth for r in rules)
+    leaky = bool(rules) and all(r.leaky for r in rules)
     named = list(model.named_modules()) if isinstance(model, nn.Module) else None  # one walk for the checks
-    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules), smooth=smooth, _named=named)
+    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules), smooth=smooth, _named=named,
+                    leaky=leaky)
     modules = [m for _, m in named]
     if any(m in _INSTRUMENTED for m in modules):
         raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
@@ -822,8 +869,9 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     guard = _Guard(rules, model)
     norm_rules = any(type(r).batch_norm is not Rule.batch_norm for r in rules)
     channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
-    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ())
-    gate_layers = GATE_LAYERS + CLIPPED_LAYERS + (SMOOTH_LAYERS if smooth else ())
+    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ()) + \
+        (LEAKY_LAYERS if leaky else ())
+    gate_layers = GATE_LAYERS + CLIPPED_LAYERS + (SMOOTH_LAYERS if smooth else ()) + (LEAKY_LAYERS if leaky else ())
     scales: dict[int, Tensor] = {}  # the scale of each squeeze-and-excitation call, by id of the block
     calls: Counter[str] = Counter()
     captured: dict[int, Tensor] = {}

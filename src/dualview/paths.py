@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
-from dualview.gates import POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, instrument, record_gates
+from dualview.gates import LEAKY_LAYERS, POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, instrument, record_gates
 from dualview.surrogates import check_temperature, soft_gates
 
 __all__ = [
@@ -382,7 +382,8 @@ def unit_network(model: nn.Module) -> nn.Module:
                     m.bias.zero_()
             elif isinstance(m, (nn.AvgPool1d, nn.AvgPool2d, nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)):
                 replacement = _SumPool(m, name)
-            elif not list(m.children()) and not isinstance(m, _STRUCTURAL_LAYERS + POOL_GATE_LAYERS) and \
+            elif not list(m.children()) and \
+                    not isinstance(m, _STRUCTURAL_LAYERS + POOL_GATE_LAYERS + LEAKY_LAYERS) and \
                     (type(m).__module__.startswith("torch.") or any(True for _ in m.parameters())
                      or getattr(type(m), "linear_layer", False) or isinstance(m, SUPPORTED_LAYERS())):
                 # (a parameter-free layer of the user's own, a DropPath say, is counted op by op; a registered
@@ -424,7 +425,13 @@ class _PathFlow(ImposeGates):
         self.sums: dict[str, Tensor] = {}
 
     def relu(self, site, module, q):
-        z = q if self.all_on else super().relu(site, module, q)
+        if self.all_on:
+            z = q
+        elif isinstance(module, LEAKY_LAYERS):  # a path is active where its gates are on, as for ReLU
+            self.seen.add(site)
+            z = q * self.gates[site].to(q.dtype)
+        else:
+            z = super().relu(site, module, q)
         self.sums[site] = z.flatten(1).sum(1)
         return z
 

@@ -778,6 +778,14 @@ class _Guard(TorchFunctionMode):
                 return out
         # Tensor.__matmul__ & co. turn a TypeError into NotImplemented (then Python's own "unsupported
         # operand" TypeError): instrument() re-raises the pending error in its place
+        if kind == "relu":
+            self.pending = UnsupportedLayerError(
+                f"the forward of {where} calls {_op_name(func)} as a function on a tensor that depends on the "
+                f"input, at {_user_frame()}: {problem}, so this computation cannot record or impose its gates. "
+                "What to do: dualview.dgn.one_relu_per_use(model) returns a copy of the model in which every "
+                "F.relu / torch.relu / x.relu() call is an nn.ReLU module of its own (traced with torch.fx; the "
+                "model itself is not modified); pass that copy. Or write the ReLUs as nn.ReLU modules.")
+            raise self.pending
         self.pending = UnsupportedLayerError(
             f"the forward of {where} calls {_op_name(func)} as a function on a tensor that depends on the "
             f"input, at {_user_frame()}: {problem}. dualview refuses what it does not know to be linear, a "

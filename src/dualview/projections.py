@@ -52,6 +52,7 @@ An in-place ``nn.ReLU(inplace=True)`` whose *input* tensor is read again later i
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -420,6 +421,12 @@ class InsensEstimate:
     n_cut_off: Tensor
     n_hidden: int
 
+    @property
+    def relative_se(self) -> Tensor:
+        """Per input, the standard error's size relative to the estimate's: ``|omega_se| / |omega|`` (norms over
+        the pixels). :func:`insens_estimate` warns when its median is above ``NOISY_ESTIMATE``."""
+        return self.omega_se.flatten(1).norm(dim=1) / self.omega.flatten(1).norm(dim=1).clamp_min(1e-300)
+
     def interval(self, level: float = 0.95) -> tuple[Tensor, Tensor]:
         """Per-pixel interval for the exact Insens ``Omega(x)``: estimate +- t_{groups-1} * jackknife se."""
         half = _t_quantile(level, self.groups - 1) * self.omega_se
@@ -510,11 +517,22 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
     mean_out = leave_out.mean(0)
     omega = groups * full - (groups - 1) * mean_out  # jackknife bias correction
     omega_se = ((groups - 1) / groups * (leave_out - mean_out).square().sum(0)).sqrt()
-    return InsensEstimate(
+    result = InsensEstimate(
         omega=omega, omega_se=omega_se, sq_norm=sq_norm, sq_norm_se=(var / probes).sqrt(), probes=probes,
         groups=groups, n_inactive=n_inactive.cpu(), n_cut_off=((q <= 0) & (sq_norm <= tiny)).sum(1).cpu(),
         n_hidden=q.shape[1],
     )
+    rel = result.relative_se
+    if float(rel.median()) > NOISY_ESTIMATE:
+        warnings.warn(
+            f"insens_estimate: with probes={probes} the standard error of the maps is {float(rel.median()):.2f} of "
+            f"their size at the median input (up to {float(rel.max()):.2f}): they are mostly noise. Raise probes "
+            "(the error falls as 1 / sqrt(probes)) or compute Insens exactly (projections.insens) where it fits; "
+            "result.relative_se has the value per input.", stacklevel=2)
+    return result
 
+
+#: insens_estimate warns when the median relative standard error of its maps is above this
+NOISY_ESTIMATE = 0.25
 
 __all__ += ["InsensEstimate", "insens_estimate"]

@@ -344,3 +344,54 @@ def test_insens_progress_bar_changes_nothing(batch, capsys):
     shown = explain.attribute(model, x[:2], y[:2], "insens", progress=True)
     torch.testing.assert_close(shown, plain, rtol=0, atol=0)
     assert "Insens" in capsys.readouterr().err
+
+
+# --- LRP's refusals name what they refuse and the fix (issue 39, finding 3) ---------------------------------
+class _FunctionalHead(torch.nn.Module):
+    def __init__(self, between):
+        super().__init__()
+        self.conv, self.relu, self.fc, self.between = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), \
+            torch.nn.Linear(4, 3), between
+
+    def forward(self, x):
+        return self.fc(self.between(self.relu(self.conv(x))))
+
+
+@pytest.mark.parametrize("between, advice", [
+    (lambda h: h.mean((2, 3)), "nn.AdaptiveAvgPool2d"),
+    (lambda h: torch.nn.functional.avg_pool2d(h, 8).flatten(1), "nn.AvgPool2d"),
+    (lambda h: torch.nn.functional.interpolate(h, scale_factor=0.5, mode="bilinear").mean((2, 3)), "no LRP rule"),
+])
+def test_lrp_refusals_fit_what_the_forward_does(between, advice):
+    model = _FunctionalHead(between).eval()
+    x = torch.rand(2, 3, 8, 8)
+    with pytest.raises(gates.UnsupportedLayerError, match=advice) as err:
+        explain.attribute(model, x, 0, "lrp")
+    assert "residual" not in str(err.value)
+
+
+def test_lrp_bounds_error_names_the_channel_and_its_bounds():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(4, 3)).eval()
+    x = torch.rand(2, 3, 8, 8)
+    x[:, 2] += 5.0  # only the last channel leaves [0, 1]
+    with pytest.raises(ValueError, match=r"in 1 of 3 channel\(s\); channel 2 has values in \[5"):
+        explain.attribute(model, x, 0, "lrp")
+
+
+def test_a_functional_relu_is_pointed_to_the_helper_that_converts_it():
+    class Fn(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.b(torch.nn.functional.relu(self.a(x)))
+
+    model, x = Fn().eval(), torch.randn(2, 3)
+    with pytest.raises(gates.UnsupportedLayerError, match=r"one_relu_per_use\(model\)"):
+        gates.record_gates(model, x)
+    from dualview import dgn
+
+    converted = dgn.one_relu_per_use(model)
+    torch.testing.assert_close(gates.record_gates(converted, x).output, model(x))

@@ -1,6 +1,9 @@
 """Gates: recorded gates match the ReLUs, GaLU runs, and every documented bad input gives its error."""
 from __future__ import annotations
 
+import copy
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -8,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from dualview import gates
+from dualview import gates, paths
 
 
 def conv_net() -> nn.Module:
@@ -102,7 +105,7 @@ def test_active_share_chunks_agree_with_one_batch():
     torch.testing.assert_close(gates.active_share(net, x, batch_size=7, per_layer=False), on.double() / units)
 
 
-@pytest.mark.parametrize("layer", [nn.GELU(), nn.Tanh(), nn.Sigmoid(), nn.LeakyReLU()])
+@pytest.mark.parametrize("layer", [nn.GELU(), nn.Tanh(), nn.Sigmoid(), nn.ELU()])  # (LeakyReLU: tests/test_leaky.py)
 def test_other_activations_are_refused_by_name(layer):
     net = nn.Sequential(nn.Linear(3, 3), layer, nn.Linear(3, 1))
     with pytest.raises(gates.UnsupportedLayerError, match=type(layer).__name__):
@@ -307,10 +310,12 @@ def _builtin_affine_layers():
         (nn.ConstantPad1d(1, 0.5), (3, 2, 8)), (nn.ConstantPad2d(1, -0.5), (3, 2, 6, 6)),
         (nn.Upsample(scale_factor=2, mode="nearest"), (3, 2, 4, 4)),
         (nn.Upsample(scale_factor=2, mode="bilinear"), (3, 2, 4, 4)),
+        (nn.ConvTranspose1d(2, 3, 3, stride=2), (3, 2, 5)), (nn.ConvTranspose2d(2, 3, 2, stride=2), (3, 2, 3, 3)),
+        (nn.UpsamplingNearest2d(scale_factor=2), (3, 2, 3, 3)), (nn.UpsamplingBilinear2d(size=(5, 7)), (3, 2, 3, 3)),
     ]
 
 
-@pytest.mark.parametrize("case", range(22))
+@pytest.mark.parametrize("case", range(26))
 def test_every_builtin_affine_layer_passes_the_guard_unchanged(case):
     # torch's own affine layers are not hooked: the guard checks the calls they make against its list. Each
     # must pass, with the output unchanged, its own gates reproducing it, and the hard-gated pullback through
@@ -341,7 +346,7 @@ def test_the_builtin_affine_layers_are_all_covered():
     covered = {type(layer) for layer, _ in _builtin_affine_layers()}
     builtin = {c for c in gates.SUPPORTED_LAYERS() if c.__module__.startswith("torch.nn")}
     assert builtin - set(gates.GATE_LAYERS + gates.POOL_GATE_LAYERS) == covered
-    assert len(_builtin_affine_layers()) == 22
+    assert len(_builtin_affine_layers()) == 26
 
 
 def test_an_identity_reading_an_inplace_relus_input_gets_the_relus_output():
@@ -363,3 +368,94 @@ def test_an_identity_reading_an_inplace_relus_input_gets_the_relus_output():
     with torch.no_grad():
         plain = net(x)
     assert torch.equal(gates.record_gates(net, x).output, plain)
+
+
+# --- models as people have them (issue 39, finding 2) -------------------------------------------------------
+class _TupleNet(nn.Module):
+    def __init__(self, as_dict: bool = False) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+        self.as_dict = as_dict
+
+    def forward(self, x):
+        out = self.net(x)
+        return {"logits": out, "features": 2 * out} if self.as_dict else (out, 2 * out)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_model_returning_a_tuple_or_dict_gets_a_clear_error_and_a_selector(as_dict):
+    from dualview import explain
+
+    torch.manual_seed(0)
+    model, x = _TupleNet(as_dict).eval(), torch.randn(3, 1, 2, 2)
+    hint = "SelectOutput(model, 'logits')" if as_dict else "SelectOutput(model, 0)"
+    for method in explain.METHODS:
+        with pytest.raises(TypeError, match=re.escape(hint)):
+            explain.attribute(model, x, 1, method)
+    with pytest.raises(TypeError, match="returns a dict" if as_dict else "returns a tuple of 2 items"):
+        gates.record_gates(model, x)
+    wrapped = gates.SelectOutput(model, "logits" if as_dict else 0)
+    for method in ("gradient", "pullback", "insens"):
+        torch.testing.assert_close(explain.attribute(wrapped, x, 1, method), explain.attribute(model.net, x, 1, method))
+
+
+def test_scripted_and_compiled_models_are_told_what_to_pass():
+    from dualview import explain
+
+    net = nn.Sequential(nn.Flatten(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2)).eval()
+    x = torch.randn(2, 1, 2, 2)
+    for wrapped, advice in ((torch.jit.script(net), "eager nn.Module"), (torch.jit.trace(net, x), "eager nn.Module"),
+                            (torch.compile(net), "model._orig_mod")):
+        for call in (lambda m: explain.attribute(m, x, 0, "pullback"), lambda m: gates.record_gates(m, x),
+                     lambda m: paths.count_paths(m, input_shape=(1, 2, 2))):
+            with pytest.raises(TypeError, match=re.escape(advice)):
+                call(wrapped)
+        assert "register_linear_layer" not in advice
+
+
+class _DropPath(nn.Module):
+    """timm's stochastic depth, as users write it: the identity in eval mode."""
+
+    def __init__(self, p: float = 0.2) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            return x
+        mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1 - self.p)
+        return x * mask / (1 - self.p)
+
+
+class _Residual(nn.Module):
+    def __init__(self, drop: nn.Module) -> None:
+        super().__init__()
+        self.conv, self.relu, self.drop = nn.Conv2d(2, 2, 3, padding=1), nn.ReLU(), drop
+
+    def forward(self, x):
+        return x + self.drop(self.relu(self.conv(x)))
+
+
+def test_identities_of_ones_own_and_transposed_convolutions_are_accepted():
+    from dualview import explain
+
+    torch.manual_seed(5)
+    with_drop = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), _Residual(_DropPath()),
+                              nn.ConvTranspose2d(2, 2, 2, stride=2), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                              nn.Flatten(), nn.Linear(2, 3)).eval()
+    without = copy.deepcopy(with_drop)
+    without[2].drop = nn.Identity()
+    x = torch.randn(4, 1, 4, 4)
+    a, b = gates.record_gates(with_drop, x), gates.record_gates(without, x)
+    assert a.names == b.names and all(torch.equal(a.gates[n], b.gates[n]) for n in a.names)
+    torch.testing.assert_close(gates.run_with_gates(with_drop, x, a.gates), with_drop(x))
+    for method in ("pullback", "insens"):
+        torch.testing.assert_close(explain.attribute(with_drop, x, 2, method), explain.attribute(without, x, 2, method))
+    assert paths.count_paths(with_drop, input_shape=(1, 4, 4)).total[-1] == \
+        paths.count_paths(without, input_shape=(1, 4, 4)).total[-1]
+    with_drop.train()
+    for m in with_drop.modules():
+        if isinstance(m, nn.Conv2d):
+            m.eval()
+    with pytest.raises(gates.UnsupportedLayerError, match=r"'2\.drop' \(_DropPath\) is in training mode.*eval"):
+        gates.record_gates(with_drop, x)

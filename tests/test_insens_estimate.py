@@ -95,3 +95,21 @@ def test_forward_mode_passes_show_no_torch_warning():
     run = subprocess.run([sys.executable, "-W", "error::FutureWarning", "-c", code],
                          capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_a_noisy_estimate_says_so():
+    import warnings
+
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                        nn.Flatten(), nn.Linear(4 * 8 * 8, 3)).eval()
+    x = torch.randn(4, 1, 8, 8)
+    with pytest.warns(UserWarning, match=r"probes=8 .* mostly noise. Raise probes"):
+        few = projections.insens_estimate(net, x, probes=8, groups=4)
+    assert float(few.relative_se.median()) > projections.NOISY_ESTIMATE
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        many = projections.insens_estimate(net, x, probes=512, groups=4)
+    assert float(many.relative_se.max()) < 0.1

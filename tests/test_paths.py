@@ -264,3 +264,112 @@ def test_unit_network_has_no_batchnorm_with_eps_zero(monkeypatch):
         out = unit(z)
         assert torch.equal(out, paths.unit_network(without_bn)(z))  # the same paths, exactly
     assert with_bn[1].running_var.min() >= 0.5  # the original is untouched
+
+
+# --- the model's own arithmetic between layers (issue 39, finding 1) ----------------------------------------
+class _MeanHead(nn.Module):
+    """The module-CNN pattern: conv, ReLU, a functional mean over the image, a linear head."""
+
+    def __init__(self, scale: float = 1.0, functional_pool: bool = False) -> None:
+        super().__init__()
+        self.conv, self.relu, self.fc = nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), nn.Linear(2, 3)
+        self.scale, self.functional_pool = scale, functional_pool
+
+    def forward(self, x):
+        h = self.relu(self.conv(x))
+        if self.functional_pool:
+            h = nn.functional.avg_pool2d(h, 2)
+        return self.fc(self.scale * h.mean((2, 3)) / 3.0 - 1.0)
+
+
+def _as_sequential(m: _MeanHead) -> nn.Sequential:
+    pools = [nn.AvgPool2d(2)] if m.functional_pool else []
+    seq = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.ReLU(), *pools, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                        nn.Linear(2, 3))
+    seq[0].load_state_dict(m.conv.state_dict())
+    seq[-1].load_state_dict(m.fc.state_dict())
+    return seq
+
+
+@pytest.mark.parametrize("functional_pool", [False, True])
+def test_count_paths_through_functional_means_scalings_and_pools(functional_pool):
+    torch.manual_seed(3)
+    model = _MeanHead(scale=0.5, functional_pool=functional_pool).double().eval()
+    reference = _as_sequential(model).double().eval()  # its counts are checked against brute force above
+    x = torch.randn(6, 1, 4, 4, dtype=torch.float64)
+    got, want = paths.count_paths(model, x), paths.count_paths(reference, x)
+    assert got.total[-1] == want.total[-1] and got.total[-1] > 0
+    torch.testing.assert_close(got.active[:, -1], want.active[:, -1])
+    # and by hand: 2 channels x 16 positions x 9 taps reach the mean (padding cuts taps at the border)
+    A1 = _adjacency_reference(lambda z: nn.functional.conv2d(z, model.conv.weight.abs() + 1, padding=1), (1, 4, 4))
+    assert want.total[-1] == 3 * (A1 @ torch.ones(16, dtype=torch.float64)).sum()
+
+
+def test_count_paths_of_a_difference_of_branches_adds_their_paths():
+    class Diff(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.relu, self.out = nn.Linear(3, 4), nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)
+
+        def forward(self, x):
+            return self.out(self.relu(self.a(x)) - self.relu(self.b(x)) - 0.1)
+
+    assert paths.count_paths(Diff(), input_shape=(3,)).total[-1] == 2 * paths.fc_path_count([3, 4, 2])
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bilinear-corners"])
+def test_count_paths_through_interpolation_matches_its_jacobian(mode):
+    kwargs = dict(scale_factor=2, mode=mode.split("-")[0])
+    if mode == "bilinear-corners":
+        kwargs = dict(size=(5, 7), mode="bilinear", align_corners=True)
+
+    class Up(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 1, 1)
+
+        def forward(self, x):
+            return nn.functional.interpolate(self.conv(x), **kwargs).flatten(1)
+
+    A = _adjacency_reference(lambda z: nn.functional.interpolate(z, **kwargs), (1, 3, 3))  # non-zero weights
+    assert paths.count_paths(Up(), input_shape=(1, 3, 3)).total[-1] == A.sum()
+
+
+def test_count_paths_refuses_what_it_cannot_count_by_name():
+    class Cubic(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(1, 1, 1)
+
+        def forward(self, x):
+            return nn.functional.interpolate(self.conv(x), scale_factor=2, mode="bicubic")
+
+    class Masked(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return torch.where(torch.ones_like(h, dtype=torch.bool), h, torch.zeros_like(h))
+
+    with pytest.raises(ValueError, match="mode='bicubic'.*nearest"):
+        paths.count_paths(Cubic(), input_shape=(1, 3, 3))
+    with pytest.raises(ValueError, match="test_paths.py.*applies where"):
+        paths.count_paths(Masked(), input_shape=(3,))
+
+
+def test_count_paths_through_transposed_convolutions_and_upsampling_matches_brute_force():
+    torch.manual_seed(4)
+    up, lin = nn.ConvTranspose2d(1, 2, 2, stride=2), nn.Linear(2 * 6 * 6, 3)
+    with torch.no_grad():
+        up.weight.uniform_(0.5, 1.0)
+        lin.weight.uniform_(0.5, 1.0)
+    resize = nn.Upsample(size=(6, 6), mode="bilinear")
+    net = nn.Sequential(up, nn.ReLU(), resize, nn.Flatten(), lin).double().eval()
+    A1 = _adjacency_reference(lambda z: nn.functional.conv_transpose2d(z, up.weight.double(), stride=2), (1, 2, 2))
+    A2 = _adjacency_reference(lambda z: resize(z), (2, 4, 4))
+    A3 = _adjacency_reference(lambda z: z.flatten(1) @ lin.weight.double().T, (72,))
+    ones = torch.ones(4, dtype=torch.float64)
+    counts = paths.count_paths(net, input_shape=(1, 2, 2))
+    assert counts.total[0] == (A1 @ ones).sum() and counts.total[-1] == (A3 @ A2 @ A1 @ ones).sum()

@@ -36,28 +36,38 @@ def _module_level(tree: ast.AST):
         todo.extend(ast.iter_child_nodes(node))
 
 
+def _top(path: Path) -> str:
+    """The library module a file belongs to: ``gates`` for ``gates/guard.py`` (a package is one module of the
+    layers, its files may import each other), ``paths`` for ``paths.py``."""
+    return path.relative_to(SRC).parts[0].removesuffix(".py")
+
+
+def _is_module(name: str) -> bool:
+    return (SRC / f"{name}.py").exists() or (SRC / name / "__init__.py").exists()
+
+
 def imports() -> dict[str, set[str]]:
-    graph = {}
-    for path in SRC.glob("*.py"):
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
         found = set()
         tree = ast.parse(path.read_text())
         # the package root may import inside a function (run on call, not on `import dualview`)
-        nodes = _module_level(tree) if path.stem == "__init__" else ast.walk(tree)
+        nodes = _module_level(tree) if path.parent == SRC and path.stem == "__init__" else ast.walk(tree)
         for node in nodes:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dualview"):
                 parts = node.module.split(".")
                 if len(parts) > 1:
                     found.add(parts[1])
                 else:  # from dualview import x: x is a module, or a name of the package root
-                    found |= {a.name for a in node.names if (SRC / f"{a.name}.py").exists()}
+                    found |= {a.name for a in node.names if _is_module(a.name)}
             elif isinstance(node, ast.Import):
                 found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("dualview.")}
-        graph[path.stem] = found - {path.stem}
+        graph.setdefault(_top(path), set()).update(found - {_top(path)})
     return graph
 
 
 def test_every_module_has_a_layer():
-    modules = {p.stem for p in SRC.glob("*.py")} - {"__init__"}
+    modules = {_top(p) for p in SRC.rglob("*.py")} - {"__init__"}
     listed = [m for layer in LAYERS for m in layer]
     assert sorted(listed) == sorted(modules), "add new modules to LAYERS (and to the README's layout)"
 
@@ -80,9 +90,15 @@ def test_the_parser_sees_a_cycle(tmp_path, monkeypatch):
 
 
 def test_no_module_imports_a_private_name_of_another():
-    private = []
-    for path in SRC.glob("*.py"):
+    private = []  # (the files of one package share their plumbing)
+    for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dualview"):
-                private += [(path.stem, node.module, a.name) for a in node.names if a.name.startswith("_")]
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("dualview") and \
+                    (node.module.split(".") + [""])[1] != _top(path):
+                private += [(_top(path), node.module, a.name) for a in node.names if a.name.startswith("_")]
     assert not private, f"private names imported across modules (make them public or move them): {private}"
+
+
+def test_no_module_is_over_500_lines():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"modules over 500 lines (split them by concept): {long}"

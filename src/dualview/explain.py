@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
 from dualview import projections, pullbacks
-from dualview.gates import UnsupportedLayerError, check_batch, check_eval
+from dualview.gates import UnsupportedLayerError, check_batch, check_eval, model_output
 from dualview.metrics import target_classes
 
 __all__ = ["METHODS", "CLASS_AGNOSTIC", "attribute", "edge_map", "quantus_explain_func"]
@@ -127,6 +127,26 @@ def _lrp_bounds(x: Tensor, preprocess: nn.Module, low: Any, high: Any, normalise
     return torch.minimum(low, high), torch.maximum(low, high)
 
 
+def _lrp_advice(op: str) -> str:
+    """Why LRP cannot follow ``op`` between its layers, and what to do, by the kind of operation."""
+    if op.startswith(("add", "sub", "rsub")):
+        return ("A residual sum that no canonizer covers: Zennit's ResNetCanonizer rewrites only torchvision's "
+                "BasicBlock and Bottleneck, so relevance would be copied into both branches. Use a torchvision "
+                "ResNet, or write the sum as a zennit.layer.Sum module (with a stacked input).")
+    if op in ("mean", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool1d", "adaptive_avg_pool2d", "sum"):
+        return ("A functional average (or sum) over positions: Zennit's rules attach to modules, so none sees it. "
+                "Write it as a module: nn.AdaptiveAvgPool2d(1) + nn.Flatten() for x.mean((2, 3)), nn.AvgPool2d for "
+                "F.avg_pool2d (both have an LRP rule).")
+    if op.startswith(("interpolate", "upsample", "grid_sample")):
+        return ("An interpolation (F.interpolate, nn.Upsample): Zennit has no LRP rule for it, so LRP does not apply "
+                "to this model. The gradient-type methods and the excitation pullback do (explain.attribute).")
+    if op in ("softmax", "layer_norm", "group_norm", "matmul", "bmm", "einsum", "gelu", "silu", "sigmoid", "tanh"):
+        return ("An attention, normalisation or smooth activation written in forward: no LRP rule of Zennit's "
+                "composites covers it, so LRP does not apply to this model here.")
+    return ("No LRP rule sees an operation written in forward; write it as a module with an LRP rule, or use "
+            "another method of explain.attribute.")
+
+
 class _ArithmeticGuard(TorchFunctionMode):
     """Refuses, during one forward, arithmetic on input-dependent tensors outside the layers of ``_LRP_LEAVES``
     (a residual sum or attention written in ``forward``): no LRP rule sees it, and relevance would follow the
@@ -152,13 +172,8 @@ class _ArithmeticGuard(TorchFunctionMode):
         op = getattr(func, "__name__", str(func))
         if live and isinstance(out, Tensor) and type(owner) not in self.ruled and op not in _ROUTING:
             where = f"'{name}' ({type(owner).__name__})" if name else f"the forward of {type(owner).__name__}"
-            kind = "a residual sum" if op.strip("_").startswith(("add", "sub")) else "an operation"
-            self.refusal = self.refusal or (
-                f"LRP: {where} calls {op} on the input-dependent activations in its forward ({kind} that no "
-                "canonizer covers: Zennit's ResNetCanonizer rewrites only torchvision's BasicBlock and Bottleneck, "
-                "so relevance would be copied into both branches of a residual sum, or pass an attention or "
-                "normalisation unruled). Use a torchvision ResNet, or write the sum as a zennit.layer.Sum module "
-                "(with a stacked input) and the layer as a module with an LRP rule")
+            self.refusal = self.refusal or f"LRP: {where} calls {op} on the input-dependent activations. " + \
+                _lrp_advice(op.strip("_"))
         return out
 
     def remove(self) -> None:
@@ -280,11 +295,17 @@ def _lrp(model: nn.Module, x: Tensor, t: Tensor, composite: str = "epsilon_gamma
     lo, hi = _lrp_bounds(x, preprocess, low, high, normalised)
     if composite == "epsilon_gamma_box":
         slack = 1e-5 * float((hi - lo).abs().max())
-        if (z < lo - slack).any() or (z > hi + slack).any():
+        outside = ((z < lo - slack) | (z > hi + slack)).flatten(2).any(-1).any(0) if z.dim() > 2 else \
+            ((z < lo - slack) | (z > hi + slack)).any(0)
+        if outside.any():
+            ch = int(outside.nonzero()[0])
+            zc, loc, hic = (t.select(1, ch) for t in (z, lo.expand_as(z[:1]), hi.expand_as(z[:1])))
             raise ValueError(
-                f"LRP: the input has values in [{float(z.min()):.3g}, {float(z.max()):.3g}], outside the z^B rule's "
-                f"bounds [{float(lo.min()):.3g}, {float(hi.max()):.3g}]: if x is ImageNet-normalised pass "
-                "normalised=True (or normalised=(mean, std)), else low=/high= the bounds of your input space")
+                f"LRP: the input is outside the z^B rule's bounds in {int(outside.sum())} of {outside.numel()} "
+                f"channel(s); channel {ch} has values in [{float(zc.min()):.3g}, {float(zc.max()):.3g}], its bounds "
+                f"are [{float(loc.min()):.3g}, {float(hic.max()):.3g}]. If x is ImageNet-normalised pass "
+                "normalised=True (or normalised=(mean, std)), else low=/high= the bounds of your input space "
+                "(a number, or one per channel)")
         comp = EpsilonGammaBox(low=lo, high=hi, epsilon=epsilon, gamma=gamma)
     elif composite == "epsilon_plus_flat":
         comp = EpsilonPlusFlat(epsilon=epsilon)
@@ -341,7 +362,7 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     check_eval(model)  # before any forward, for every method: a refused call leaves the model untouched
     x = x.detach()
     with torch.no_grad():
-        logits = model(x)
+        logits = model_output(model, x)
     if logits.dim() != 2:
         raise ValueError(f"the model must return logits of shape (N, classes), got {tuple(logits.shape)}")
     t = target_classes(target, logits)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dualview.gates import check_batch
+from dualview.gates import check_batch, model_output
 
 __all__ = ["target_classes", "DeletionCurve", "deletion_curve", "total_variation", "high_frequency_share",
            "quantus_scores"]
@@ -88,7 +88,7 @@ def deletion_curve(
     for f in fr.tolist():
         mask = (rank < round(f * h * w)).view(n, 1, h, w)
         with torch.no_grad():  # scores only: no autograd graph (faster, far less memory on big batches)
-            out = model(torch.where(mask, base, x) if mode == "deletion" else torch.where(mask, x, base))
+            out = model_output(model, torch.where(mask, base, x) if mode == "deletion" else torch.where(mask, x, base))
         if tg is None:
             tg = target_classes(target, out)
         logit_rows.append(out.gather(1, tg[:, None])[:, 0])
@@ -164,7 +164,7 @@ def quantus_scores(metric: Any, model: nn.Module, x: Tensor, target: int | Seque
         quantus_utils.calculate_auc = _trapezoid_auc
     check_batch(x, floating=True)
     with torch.no_grad():
-        logits = model(x)
+        logits = model_output(model, x)
     t = target_classes(target, logits)
     if maps is not None and maps.shape != x.shape:
         raise ValueError(f"maps must be shaped like x {tuple(x.shape)}, got {tuple(maps.shape)}")

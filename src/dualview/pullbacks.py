@@ -43,7 +43,7 @@ from typing import Iterator, Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from dualview.gates import CLIPPED_LAYERS, GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, \
+from dualview.gates import CLIPPED_LAYERS, GATE_LAYERS, POOL_GATE_LAYERS, UnsupportedLayerError, model_output, \
     check_batch, check_eval, check_reproduces, full_precision, instrument, record_gates, \
     run_with_gates
 from dualview.metrics import target_classes
@@ -157,7 +157,7 @@ def _pullback_and_logits(
         for p in frozen:
             p.requires_grad_(False)
         with torch.enable_grad(), ctx:
-            logits = model(xg)
+            logits = model_output(model, xg)
             if logits.dim() != 2:
                 raise ValueError(f"the model must return logits of shape (N, classes), got {tuple(logits.shape)}")
             tg = target_classes(target, logits)
@@ -276,7 +276,7 @@ def projected_gradient_ascent(
             d, logits, tg = _pullback_and_logits(model, xk, target if tg is None else tg, tau, ptau)
         else:
             with torch.no_grad():
-                logits = model(xk)
+                logits = model_output(model, xk)
         if tg is None:
             tg = target_classes(target, logits)
         logits_hist.append(logits.gather(1, tg[:, None])[:, 0])

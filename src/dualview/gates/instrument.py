@@ -1,0 +1,252 @@
+"""The instrumentation primitive :func:`instrument` (hooks, gate names, the guard, the rules) and the calls built
+on it: :func:`record_gates`, :func:`run_with_gates`, :func:`active_share`."""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import Counter
+from functools import partial
+from typing import Iterator, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from dualview.gates.guard import _apply, _Guard, _tensors
+from dualview.gates.layers import (
+    _BUILTIN_LINEAR, _UNVERIFIED, CLIPPED_LAYERS, GATE_LAYERS, LEAKY_LAYERS, POOL_GATE_LAYERS, SMOOTH_LAYERS,
+    SUPPORTED_LAYERS, _check_affine, _smooth_blocks, check_batch, check_supported, model_output,
+)
+from dualview.gates.rules import GateRecord, ImposeGates, Record, Rule
+
+_INSTRUMENTED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
+    """The one instrumentation primitive: inside the block, every forward pass of ``model`` applies the
+    ``rules`` at its gates; on exit every hook is removed, also after a ``BaseException`` such as
+    ``KeyboardInterrupt``. Parameters and modules are never touched.
+
+    It checks the model (:func:`check_supported`), names each ReLU / max-pool *call* (``name``,
+    ``name#1``, ... for a module called more than once in one forward), hands an in-place ReLU's input
+    over before it is overwritten, and, during the model's own forward only (not in the rest of the
+    ``with`` body), refuses every operation on input-dependent tensors that is not known to be linear
+    (the whitelist of :class:`_Guard`; a functional ReLU only where a rule accepts it).
+    Call the model itself, not a submodule, inside the block. Blocks on
+    the same model (or a module of it) do not nest: combine the rules in one block instead.
+    :func:`record_gates`, :func:`run_with_gates`, path counting and excitation pullbacks are built on it.
+    """
+    bad = [r for r in rules if not isinstance(r, Rule)]
+    if bad:
+        raise TypeError(f"instrument expects dualview.gates.Rule objects, got {bad!r}")
+    smooth = bool(rules) and all(r.smooth for r in rules)
+    leaky = bool(rules) and all(r.leaky for r in rules)
+    named = list(model.named_modules()) if isinstance(model, nn.Module) else None  # one walk for the checks
+    check_supported(model, clipped=bool(rules) and all(r.clipped for r in rules), smooth=smooth, _named=named,
+                    leaky=leaky)
+    modules = [m for _, m in named]
+    if any(m in _INSTRUMENTED for m in modules):
+        raise RuntimeError("dualview.gates.instrument is already active on this model (or a module of it); "
+                           "do not nest the blocks: pass all rules to one block")
+    guard = _Guard(rules, model)
+    norm_rules = any(type(r).batch_norm is not Rule.batch_norm for r in rules)
+    channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
+    supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ()) + \
+        (LEAKY_LAYERS if leaky else ())
+    gate_layers = GATE_LAYERS + CLIPPED_LAYERS + (SMOOTH_LAYERS if smooth else ()) + (LEAKY_LAYERS if leaky else ())
+    scales: dict[int, Tensor] = {}  # the scale of each squeeze-and-excitation call, by id of the block
+    calls: Counter[str] = Counter()
+    captured: dict[int, Tensor] = {}
+    depth = [0]
+
+    def site(label: str) -> str:
+        k = calls[label]
+        calls[label] += 1
+        return label if k == 0 else f"{label}#{k}"
+
+    def enter(mod, args):  # the root model's forward starts: names restart, the guard is on
+        if depth[0] == 0:
+            calls.clear()
+            guard.dependent.clear()
+            guard.stale.clear()
+            guard.pending = None
+            guard.__enter__()
+            guard.mark(list(_tensors(args, {})))
+        depth[0] += 1
+
+    def leave(mod, args, out):
+        depth[0] -= 1
+        if depth[0] == 0:
+            guard.__exit__(None, None, None)
+            guard.dependent.clear()
+            guard.stale.clear()
+
+    def push(mod, args, label, trusted):
+        swapped = None
+        if depth[0] and guard.stale:
+            swapped = guard.fresh(args, {})
+            if swapped is not None:
+                args = swapped[0]
+        if type(mod) in _UNVERIFIED and args and isinstance(args[0], Tensor):
+            guard.internal += 1
+            try:
+                _check_affine(mod, args[0], label)
+            finally:
+                guard.internal -= 1
+            _UNVERIFIED.discard(type(mod))  # checked once per class
+        guard.stack.append((label, mod, trusted))
+        if isinstance(mod, gate_layers) and getattr(mod, "inplace", False):
+            # an in-place ReLU overwrites its input: it gets a copy, so that its input keeps the
+            # pre-activation for the rules; a later read of that input gets the ReLU's output instead
+            captured[id(mod)] = args[0]
+            copied = args[0].clone()
+            guard.mark(copied)
+            return (copied, *args[1:])
+        return args if swapped is not None else None
+
+    def pop(mod, args, out):
+        if guard.stack and guard.stack[-1][1] is mod:
+            guard.stack.pop()
+        if depth[0] and any(guard.depends(t) for t in _tensors(args, {})):
+            guard.mark(out)
+
+    def at_relu(mod, args, out, label):
+        q, s = captured.pop(id(mod), args[0]), site(label)
+        new = _apply(guard, lambda rule: rule.relu_output(s, mod, q, out), f"ReLU call '{s}'")
+        pop(mod, args, out if new is None else new)
+        if getattr(mod, "inplace", False):
+            guard.stale[id(q)] = (weakref.ref(q), out if new is None else new)
+        return new
+
+    def at_pool(mod, args, out, label):
+        s = site(label)
+        new = _apply(guard, lambda rule: rule.max_pool(s, mod, args[0], out), f"max-pool call '{s}'")
+        pop(mod, args, out if new is None else new)
+        return new
+
+    def at_norm(mod, args, out, label):  # the guard checked the layer's own call (F.batch_norm, eval mode)
+        if not depth[0] or not args or not isinstance(args[0], Tensor):
+            return None
+        x = args[0]
+        if guard.stale:  # an in-place ReLU's input read again: the layer read the ReLU's output
+            swapped = guard.fresh(args, {})
+            x = x if swapped is None else swapped[0][0]
+        new = _apply(guard, lambda rule: rule.batch_norm(mod, x, out), f"BatchNorm call '{label}'")
+        if new is not None:
+            guard.mark(new)
+        return new
+
+    def at_channel_gate(mod, args, out, label):  # out = x * scale, the scale recorded by its sigmoid's hook
+        s = site(label)
+        scale = scales.pop(id(mod), None)
+        if scale is None:  # the block left before its sigmoid ran (an exception): nothing to replace
+            pop(mod, args, out)
+            return None
+        new = _apply(guard, lambda rule: rule.channel_gate(s, mod, args[0], scale), f"channel gate '{s}'")
+        pop(mod, args, out if new is None else new)
+        return new
+
+    handles = [model.register_forward_pre_hook(enter)]
+    inside: list[str] = []  # the insides of channel gates: not hooked (the block is trusted as a whole)
+    try:
+        for name, module in named:
+            label = name or "<model>"
+            if inside and any(name.startswith(p + ".") for p in inside):
+                continue
+            if type(module) in _BUILTIN_LINEAR and type(module) is not nn.Identity:
+                # torch's own affine layers (their forward is torch's, check_supported made sure) are not
+                # hooked: the guard checks the few calls they make (F.conv2d, F.batch_norm in eval, ...)
+                # against the whitelist like any other, and hands them an in-place ReLU's output where they
+                # read its input (nn.Identity makes no call: it keeps its hooks, which do that)
+                if norm_rules and isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    handles.append(module.register_forward_hook(partial(at_norm, label=label)))
+                continue
+            if type(module) in channel_gates:
+                inside.append(name)
+                handles.append(module.scale_activation.register_forward_hook(
+                    lambda m, a, o, key=id(module): scales.__setitem__(key, o)))
+            post = partial(at_relu, label=label) if isinstance(module, gate_layers) else \
+                partial(at_pool, label=label) if isinstance(module, POOL_GATE_LAYERS) else \
+                partial(at_channel_gate, label=label) if type(module) in channel_gates else pop
+            trusted = getattr(type(module), "linear_layer", False) or type(module) in channel_gates or \
+                (not any(True for _ in module.children()) and isinstance(module, supported))
+            handles += [module.register_forward_pre_hook(partial(push, label=label, trusted=trusted)),
+                        module.register_forward_hook(post, always_call=True)]
+        handles.append(model.register_forward_hook(leave, always_call=True))
+        _INSTRUMENTED.update(modules)
+        try:
+            yield
+        except TypeError as err:
+            if guard.pending is not None and err is not guard.pending:
+                raise guard.pending from None
+            raise
+    finally:
+        for h in handles:
+            h.remove()
+        _INSTRUMENTED.difference_update(modules)
+        if depth[0] > 0:  # a BaseException left the forward before its last hook ran
+            guard.__exit__(None, None, None)
+
+
+def record_gates(model: nn.Module, x: Tensor) -> GateRecord:
+    """Run ``model(x)`` and record every ReLU's pre-activation and every max-pool's winners.
+
+    Gradients flow through the recorded pre-activations (wrap the call in ``torch.no_grad()``
+    when you do not need them). See :class:`GateRecord` for the naming of layers.
+    """
+    check_batch(x)
+    rule = Record()
+    with instrument(model, rule):
+        out = model_output(model, x)
+    return GateRecord(output=out, preactivations=rule.preactivations, pool_indices=rule.pool_indices,
+                      ceilings=rule.ceilings)
+
+
+def run_with_gates(model: nn.Module, x: Tensor, gates: Mapping[str, Tensor],
+                   pool_indices: Mapping[str, Tensor] | None = None,
+                   preactivations: dict[str, Tensor] | None = None,
+                   saturated: Mapping[str, Tensor] | None = None) -> Tensor:
+    """Run ``model`` on ``x`` with every ReLU replaced by a GaLU fed the given ``gates``.
+
+    Each ReLU call ``name`` outputs ``q * gates[name]`` where ``q`` is its pre-activation on ``x``;
+    gates may be bool (hard) or float (soft, e.g. ``sigmoid(beta * q_gating)``), and broadcast
+    against ``q``. If ``pool_indices`` is given, every max-pool takes the given winners instead of
+    its own maxima (otherwise it pools ``x``'s own values). With the model's own gates and
+    winners the output equals ``model(x)``; with those of another input it is that input's active
+    sub-network applied to ``x`` (Section 2.2 of :cite:`satkiewicz2025tapping`). A dict passed as
+    ``preactivations`` receives the pre-activation ``q`` of every ReLU call, by name
+    (rules :class:`ImposeGates` and :class:`Record`). A hard-clipped ReLU call outputs
+    ``q * gates[name] + t * saturated[name]`` (``saturated``: ``record_gates(model, x).saturated`` of the
+    input whose pieces are held fixed; required when the model has such calls).
+    """
+    check_batch(x)
+    impose = ImposeGates(gates, pool_indices, saturated)
+    rules = (impose,) if preactivations is None else (Record(preactivations, winners=False), impose)
+    with instrument(model, *rules):
+        out = model_output(model, x)
+    impose.check_complete()
+    return out
+
+
+def active_share(model: nn.Module, x: Tensor, batch_size: int = 500,
+                 per_layer: bool = True) -> dict[str, Tensor] | Tensor:
+    """Per input, the share of active gates (ReLU units with ``q > 0``; hard-clipped ones with ``0 < q < t``).
+
+    ``per_layer=True``: one share per ReLU call, ``{name: (N,) tensor}``; ``per_layer=False``: the
+    share over all hidden units of every ReLU call together, a ``(N,)`` tensor (the share of active
+    neurons of Table 3 of :cite:`szymanski2020switched`). Processes
+    ``x`` in chunks of ``batch_size`` without keeping pre-activations, so it runs on whole test sets.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    parts: dict[str, list[Tensor]] = {}
+    sizes: dict[str, int] = {}
+    with torch.no_grad():
+        for chunk in x.split(batch_size):
+            for name, g in record_gates(model, chunk).gates.items():
+                parts.setdefault(name, []).append(g.flatten(1).sum(1).cpu())
+                sizes[name] = g[0].numel()
+    on = {k: torch.cat(v).double() for k, v in parts.items()}
+    if per_layer:
+        return {k: on[k] / sizes[k] for k in on}
+    return sum(on.values()) / sum(sizes.values())

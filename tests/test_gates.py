@@ -220,6 +220,39 @@ def test_hooks_and_guard_are_removed_after_a_keyboard_interrupt():
     torch.relu(torch.randn(3))  # the guard no longer refuses functional calls
 
 
+def test_the_hook_map_is_decided_up_front_and_every_hook_comes_off():
+    """instrument's state and hooks are one object (Zennit's Composite shape): the map of which hook goes on which
+    module is built before anything is registered (torch's own affine layers get none: the guard checks their
+    calls), attach registers exactly that map, and the hooks come off after an ordinary error in the forward
+    as after a clean exit."""
+    from dualview.gates.instrument import _Instrumentation
+
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.MaxPool1d(1), nn.Flatten(), nn.Linear(5, 2))
+    session = _Instrumentation(net, (gates.Record(),))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())  # nothing registered yet
+    kinds = {m: [kind for kind, _ in hooks] for m, hooks in session.hooks.items()}
+    assert kinds == {net: ["pre", "pre", "post", "post"], net[1]: ["pre", "post"], net[2]: ["pre", "post"]}
+    assert session.hooks[net][0][1] == session.enter and session.hooks[net][-1][1] == session.leave
+    assert [h[1].func for h in (session.hooks[net[1]][1], session.hooks[net[2]][1])] == [session.at_relu,
+                                                                                        session.at_pool]
+    session.attach()
+    try:
+        assert {m: len(m._forward_pre_hooks) + len(m._forward_hooks) for m in net.modules() if
+                m._forward_pre_hooks or m._forward_hooks} == {m: len(k) for m, k in kinds.items()}
+        with pytest.raises(RuntimeError, match="already active"):
+            _Instrumentation(net[1], ())
+    finally:
+        session.remove()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    with pytest.raises(RuntimeError):  # a shape error inside the forward
+        with gates.instrument(net, gates.Record()):
+            net(torch.randn(2, 4))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    assert torch._C._len_torch_function_stack() == 0
+    with gates.instrument(net, gates.Record()):  # and the model may be instrumented again
+        net(torch.randn(2, 3))
+
+
 class LinearFnLinear(nn.Module):
     """Linear, ``fn`` applied as a function in ``forward`` (a hook cannot see it), Linear."""
 

@@ -129,6 +129,34 @@ def test_a_neuron_at_exactly_q_0_is_inactive_and_counted():
         torch.testing.assert_close(result.omega[0], by_hand, rtol=1e-14, atol=0)
 
 
+def test_the_shared_insens_coefficients_are_eq8_written_out():
+    """insens and insens_estimate share one coefficient block (projections._frozen): a_i = q_i / |w_i|^2 / |I| on
+    the inactive neurons (q_i <= 0, w_i != 0), checked against a loop over neurons; with a stack of norms (the
+    estimate's leave-one-group-out ones) each slice is the call with those norms, inactivity decided by the first."""
+    from dualview.projections._frozen import inactive_coefficients
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 7, dtype=torch.float64, generator=g)
+    q[0, 0] = 0.0  # on its hyperplane: inactive, counted
+    sq = torch.rand(3, 7, dtype=torch.float64, generator=g) + 0.1
+    sq[1, :3] = 0.0  # cut off where q <= 0
+    a = inactive_coefficients(q, sq)
+    ref, n_in, n_cut = torch.zeros_like(q), [0] * 3, [0] * 3
+    for s in range(3):
+        for i in range(7):
+            if q[s, i] <= 0 and sq[s, i] > 0:
+                ref[s, i], n_in[s] = q[s, i] / sq[s, i], n_in[s] + 1
+            elif q[s, i] <= 0:
+                n_cut[s] += 1
+        ref[s] /= max(n_in[s], 1)
+    torch.testing.assert_close(a.coef, ref, rtol=1e-15, atol=0)
+    assert a.n_inactive.tolist() == n_in and a.n_cut_off.tolist() == n_cut
+    other = sq * 2
+    stacked = inactive_coefficients(q, sq, torch.stack([sq, other])).coef
+    torch.testing.assert_close(stacked[0], a.coef, rtol=0, atol=0)
+    torch.testing.assert_close(stacked[1], a.coef / 2, rtol=1e-15, atol=0)
+
+
 def test_residual_network_and_reused_relu():
     class Block(nn.Module):
         """One ReLU module called twice (as torchvision's ResNet blocks do) and an in-place ReLU

@@ -20,7 +20,9 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
   ``pool_temperature``, ``smooth_temperature``; :func:`dualview.pullbacks.excitation_pullback`); on SiLU /
   GELU models (EfficientNet) a surrogate backward with their gates ``sigmoid(q / tau)`` / ``Phi(q / tau)``,
-  not an exact dual view (:mod:`dualview.surrogates`);
+  not an exact dual view (:mod:`dualview.surrogates`); ``surrogate="normal_cdf"``: the authors' current rules
+  (``Phi(q / 0.6)``); ViT-style models with LayerNorm and attention (``attention_temperature``;
+  :mod:`dualview.attention`);
 * ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
 * ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`; ``chunk_size``,
   ``progress``: a progress bar over the forward-mode sweep), *class-agnostic*: the ``target`` is checked and
@@ -59,8 +61,9 @@ _OPTIONS: dict[str, set[str]] = {
     "gradient": set(), "gradient_x_input": {"baseline"},
     "integrated_gradients": {"baseline", "n_steps", "chunk_size"},
     "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
-    "pullback": {"temperature", "pool_temperature", "smooth_temperature"},
-    "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "baseline"},
+    "pullback": {"temperature", "pool_temperature", "smooth_temperature", "surrogate", "attention_temperature"},
+    "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "surrogate", "attention_temperature",
+                         "baseline"},
     "insens": {"chunk_size", "progress"}, "intensity": {"baseline"}, "edges": set(),
 }
 
@@ -370,9 +373,11 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
         g = pullbacks.input_gradient(model, x, t)
         return g * (x - _baseline(x, options.get("baseline", 0.0))) if method == "gradient_x_input" else g
     if method in ("pullback", "pullback_x_input"):
-        v = pullbacks.excitation_pullback(model, x, t, temperature=options.get("temperature", pullbacks.DEFAULT_TEMPERATURE),
+        v = pullbacks.excitation_pullback(model, x, t, temperature=options.get("temperature"),
                                           pool_temperature=options.get("pool_temperature"),
-                                          smooth_temperature=options.get("smooth_temperature"))
+                                          smooth_temperature=options.get("smooth_temperature"),
+                                          surrogate=options.get("surrogate", "sigmoid"),
+                                          attention_temperature=options.get("attention_temperature"))
         return v * (x - _baseline(x, options.get("baseline", 0.0))) if method == "pullback_x_input" else v
     if method == "integrated_gradients":
         from captum.attr import IntegratedGradients

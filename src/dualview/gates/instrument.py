@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from dualview.gates.guard import _apply, _Guard, _tensors
 from dualview.gates.layers import (
     _BUILTIN_LINEAR, _UNVERIFIED, CLIPPED_LAYERS, GATE_LAYERS, LEAKY_LAYERS, POOL_GATE_LAYERS, SMOOTH_LAYERS,
-    SUPPORTED_LAYERS, _check_affine, _smooth_blocks, check_batch, check_supported, model_output,
+    SUPPORTED_LAYERS, TRANSFORMER_LAYERS, _check_affine, _smooth_blocks, check_batch, check_supported, model_output,
 )
 from dualview.gates.rules import GateRecord, ImposeGates, Record, Rule
 
@@ -51,8 +51,9 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
     guard = _Guard(rules, model)
     norm_rules = any(type(r).batch_norm is not Rule.batch_norm for r in rules)
     channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
+    transformer = TRANSFORMER_LAYERS if smooth else ()
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ()) + \
-        (LEAKY_LAYERS if leaky else ())
+        (LEAKY_LAYERS if leaky else ()) + transformer
     gate_layers = GATE_LAYERS + CLIPPED_LAYERS + (SMOOTH_LAYERS if smooth else ()) + (LEAKY_LAYERS if leaky else ())
     scales: dict[int, Tensor] = {}  # the scale of each squeeze-and-excitation call, by id of the block
     calls: Counter[str] = Counter()
@@ -146,6 +147,22 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
         pop(mod, args, out if new is None else new)
         return new
 
+    def at_transformer(mod, args, kwargs, out, label):  # a LayerNorm or an attention (smooth rules only)
+        s = site(label)
+        if out is None or (depth[0] and not any(guard.depends(t) for t in _tensors(args, kwargs))):
+            pop(mod, args, out)  # the forward raised; or nothing here depends on the input
+            return None
+        if guard.stale:
+            swapped = guard.fresh(args, kwargs)
+            args, kwargs = (args, kwargs) if swapped is None else swapped
+        if isinstance(mod, nn.LayerNorm):
+            new = _apply(guard, lambda rule: rule.layer_norm(s, mod, args[0], out), f"LayerNorm call '{s}'")
+        else:
+            new = _apply(guard, lambda rule: rule.attention(s, mod, args, kwargs, out), f"attention call '{s}'")
+        pop(mod, args, out if new is None else new)
+        guard.mark(out if new is None else new)  # (also where the inputs came as keywords)
+        return new
+
     handles = [model.register_forward_pre_hook(enter)]
     inside: list[str] = []  # the insides of channel gates: not hooked (the block is trusted as a whole)
     try:
@@ -160,6 +177,12 @@ def instrument(model: nn.Module, *rules: Rule) -> Iterator[None]:
                 # read its input (nn.Identity makes no call: it keeps its hooks, which do that)
                 if norm_rules and isinstance(module, nn.modules.batchnorm._BatchNorm):
                     handles.append(module.register_forward_hook(partial(at_norm, label=label)))
+                continue
+            if isinstance(module, transformer):
+                inside.append(name)  # an attention's inside is the rule's (a LayerNorm has none)
+                handles += [module.register_forward_pre_hook(partial(push, label=label, trusted=True)),
+                            module.register_forward_hook(partial(at_transformer, label=label), with_kwargs=True,
+                                                         always_call=True)]
                 continue
             if type(module) in channel_gates:
                 inside.append(name)

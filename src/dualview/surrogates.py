@@ -112,7 +112,8 @@ def soft_gates(preactivations: Mapping[str, Tensor], temperature: float,
     """``sigmoid(q / temperature)`` for every pre-activation ``q`` (Hypothesis 1, comment 5, of
     :cite:`satkiewicz2025tapping`; ``surrogate="normal_cdf"``: ``Phi(q / temperature)``, :func:`relu_gate`);
     ``temperature = 0`` gives the hard gates ``q > 0`` as floats."""
-    return {k: relu_gate(q, temperature, surrogate) for k, q in preactivations.items()}
+    t, s = check_temperature(temperature), check_surrogate(surrogate)
+    return {k: relu_gate(q, t, s) for k, q in preactivations.items()}
 
 
 # --------------------------------------------------------------------------------------------------

@@ -265,6 +265,24 @@ def test_the_exact_dual_view_refuses_attention_and_layer_norm_by_name(images, ca
     assert torch.allclose(v, ref, rtol=1e-10, atol=1e-12)
 
 
+class KeywordAttention(AttentionOnly):
+    def forward(self, x):
+        return self.head(self.attn(query=x, key=x, value=x, need_weights=False)[0].mean(1))
+
+
+def test_attention_called_with_keywords():
+    # inputs passed as keywords: the rule still applies, and what follows is still checked by the guard
+    seq = torch.randn(2, 4, 8, dtype=torch.float64)
+    a = AttentionOnly().double().eval()
+    b = KeywordAttention().double().eval()
+    b.load_state_dict(a.state_dict())
+    with pullbacks.excitation_backward(b) as report:
+        b(seq)
+    assert report.attention_calls == 1
+    assert torch.allclose(pullbacks.excitation_pullback(b, seq, 2), pullbacks.excitation_pullback(a, seq, 2),
+                          rtol=1e-12, atol=1e-14)
+
+
 class HandAttention(nn.Module):
     def __init__(self):
         super().__init__()
@@ -292,7 +310,8 @@ class OwnLayerNorm(nn.LayerNorm):
 
 def test_what_the_pullback_still_refuses():
     seq = torch.randn(2, 4, 8)
-    for model, match in ((HandAttention(), "softmax"), (FunctionalNorm(), "layer_norm"),
+    for model, match in ((HandAttention(), "softmax.*write them with nn.MultiheadAttention"),
+                         (FunctionalNorm(), "layer_norm.*nn.LayerNorm"),
                          (nn.Sequential(OwnLayerNorm(8), nn.Flatten(), nn.Linear(32, 3)), "overrides its forward"),
                          (nn.Sequential(nn.MultiheadAttention(8, 2, add_bias_kv=True)), "add_bias_kv")):
         with pytest.raises(gates.UnsupportedLayerError, match=match):

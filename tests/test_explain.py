@@ -178,8 +178,9 @@ def test_each_method_is_a_function_of_the_table_whose_parameters_are_its_options
         "gradient": set(), "gradient_x_input": {"baseline"},
         "integrated_gradients": {"baseline", "n_steps", "chunk_size"},
         "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
-        "pullback": {"temperature", "pool_temperature", "smooth_temperature"},
-        "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "baseline"},
+        "pullback": {"temperature", "pool_temperature", "smooth_temperature", "surrogate", "attention_temperature"},
+        "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "surrogate", "attention_temperature",
+                             "baseline"},
         "insens": {"chunk_size", "progress"}, "intensity": {"baseline"}, "edges": set(),
     }
     assert list(explain._METHODS) == list(explain.METHODS) and set(explain.METHODS) == set(documented)

@@ -20,7 +20,9 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
   ``pool_temperature``, ``smooth_temperature``; :func:`dualview.pullbacks.excitation_pullback`); on SiLU /
   GELU models (EfficientNet) a surrogate backward with their gates ``sigmoid(q / tau)`` / ``Phi(q / tau)``,
-  not an exact dual view (:mod:`dualview.surrogates`);
+  not an exact dual view (:mod:`dualview.surrogates`); ``surrogate="normal_cdf"``: the authors' current rules
+  (``Phi(q / 0.6)``); ViT-style models with LayerNorm and attention (``attention_temperature``;
+  :mod:`dualview.attention`);
 * ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
 * ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`; ``chunk_size``,
   ``progress``: a progress bar over the forward-mode sweep), *class-agnostic*: the ``target`` is checked and
@@ -338,16 +340,20 @@ def _gradient_x_input(model: nn.Module, x: Tensor, t: Tensor, baseline: Any = 0.
     return pullbacks.input_gradient(model, x, t) * (x - _baseline(x, baseline))
 
 
-def _pullback(model: nn.Module, x: Tensor, t: Tensor, temperature: float = pullbacks.DEFAULT_TEMPERATURE,
-              pool_temperature: float | None = None, smooth_temperature: float | None = None) -> Tensor:
+def _pullback(model: nn.Module, x: Tensor, t: Tensor, temperature: float | None = None,
+              pool_temperature: float | None = None, smooth_temperature: float | None = None,
+              surrogate: str = "sigmoid", attention_temperature: float | None = None) -> Tensor:
     return pullbacks.excitation_pullback(model, x, t, temperature=temperature, pool_temperature=pool_temperature,
-                                         smooth_temperature=smooth_temperature)
+                                         smooth_temperature=smooth_temperature, surrogate=surrogate,
+                                         attention_temperature=attention_temperature)
 
 
-def _pullback_x_input(model: nn.Module, x: Tensor, t: Tensor, temperature: float = pullbacks.DEFAULT_TEMPERATURE,
+def _pullback_x_input(model: nn.Module, x: Tensor, t: Tensor, temperature: float | None = None,
                       pool_temperature: float | None = None, smooth_temperature: float | None = None,
+                      surrogate: str = "sigmoid", attention_temperature: float | None = None,
                       baseline: Any = 0.0) -> Tensor:
-    return _pullback(model, x, t, temperature, pool_temperature, smooth_temperature) * (x - _baseline(x, baseline))
+    v = _pullback(model, x, t, temperature, pool_temperature, smooth_temperature, surrogate, attention_temperature)
+    return v * (x - _baseline(x, baseline))
 
 
 def _integrated_gradients(model: nn.Module, x: Tensor, t: Tensor, baseline: Any = 0.0, n_steps: int = 32,

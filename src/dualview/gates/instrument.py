@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from dualview.gates.guard import _apply, _Guard, _tensors
 from dualview.gates.layers import (
     _BUILTIN_LINEAR, _UNVERIFIED, CLIPPED_LAYERS, GATE_LAYERS, LEAKY_LAYERS, POOL_GATE_LAYERS, SMOOTH_LAYERS,
-    SUPPORTED_LAYERS, _check_affine, _smooth_blocks, check_batch, check_supported, model_output,
+    SUPPORTED_LAYERS, TRANSFORMER_LAYERS, _check_affine, _smooth_blocks, check_batch, check_supported, model_output,
 )
 from dualview.gates.rules import GateRecord, ImposeGates, Record, Rule
 
@@ -101,8 +101,9 @@ class _Instrumentation:
         guard's stack and popped after, gates, max-pools and channel gates applying the rules on their way out."""
         norm_rules = any(type(r).batch_norm is not Rule.batch_norm for r in rules)
         channel_gates, depth_drops = _smooth_blocks() if smooth else ((), ())
+        transformer = TRANSFORMER_LAYERS if smooth else ()
         supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS + (SMOOTH_LAYERS + depth_drops if smooth else ()) + \
-            (LEAKY_LAYERS if leaky else ())
+            (LEAKY_LAYERS if leaky else ()) + transformer
         hooks: dict[nn.Module, list[_Hook]] = {model: [("pre", self.enter)]}
         inside: list[str] = []  # the insides of channel gates: not hooked (the block is trusted as a whole)
         for name, module in named:
@@ -116,6 +117,11 @@ class _Instrumentation:
                 # read its input (nn.Identity makes no call: it keeps its hooks, which do that)
                 if norm_rules and isinstance(module, nn.modules.batchnorm._BatchNorm):
                     hooks.setdefault(module, []).append(("returned", partial(self.at_norm, label=label)))
+                continue
+            if isinstance(module, transformer):
+                inside.append(name)  # an attention's inside is the rule's (a LayerNorm has none)
+                hooks.setdefault(module, []).extend([("pre", partial(self.push, label=label, trusted=True)),
+                                                     ("post_kwargs", partial(self.at_transformer, label=label))])
                 continue
             if type(module) in channel_gates:
                 inside.append(name)
@@ -135,8 +141,10 @@ class _Instrumentation:
         """Register the hook map's hooks (each handle kept for :meth:`remove`) and mark the modules as taken."""
         for module, entries in self.hooks.items():
             for kind, hook in entries:
-                self.handles.append(module.register_forward_pre_hook(hook) if kind == "pre" else
-                                    module.register_forward_hook(hook, always_call=kind == "post"))
+                self.handles.append(
+                    module.register_forward_pre_hook(hook) if kind == "pre" else
+                    module.register_forward_hook(hook, with_kwargs=True, always_call=True) if kind == "post_kwargs"
+                    else module.register_forward_hook(hook, always_call=kind == "post"))
         _INSTRUMENTED.update(self.modules)
 
     def remove(self) -> None:
@@ -230,6 +238,22 @@ class _Instrumentation:
         new = _apply(self.guard, lambda rule: rule.batch_norm(mod, x, out), f"BatchNorm call '{label}'")
         if new is not None:
             self.guard.mark(new)
+        return new
+
+    def at_transformer(self, mod, args, kwargs, out, label):  # a LayerNorm or an attention (smooth rules only)
+        guard, s = self.guard, self.site(label)
+        if out is None or (self.depth and not any(guard.depends(t) for t in _tensors(args, kwargs))):
+            self.pop(mod, args, out)  # the forward raised; or nothing here depends on the input
+            return None
+        if guard.stale:
+            swapped = guard.fresh(args, kwargs)
+            args, kwargs = (args, kwargs) if swapped is None else swapped
+        if isinstance(mod, nn.LayerNorm):
+            new = _apply(guard, lambda rule: rule.layer_norm(s, mod, args[0], out), f"LayerNorm call '{s}'")
+        else:
+            new = _apply(guard, lambda rule: rule.attention(s, mod, args, kwargs, out), f"attention call '{s}'")
+        self.pop(mod, args, out if new is None else new)
+        guard.mark(out if new is None else new)  # (also where the inputs came as keywords)
         return new
 
     def record_scale(self, mod, args, out, key):  # a channel gate's sigmoid: its output is the block's scale

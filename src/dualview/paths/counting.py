@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
-from dualview.gates import LEAKY_LAYERS, POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, instrument, record_gates
+from dualview.gates import LEAKY_LAYERS, POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, check_supported, instrument, \
+    record_gates
 
 
 # --- counting ------------------------------------------------------------------------------
@@ -131,6 +132,9 @@ def unit_network(model: nn.Module) -> nn.Module:
 
     check_model(model)
     unit = copy.deepcopy(model).double().eval()
+    # a layer outside the dual view (LayerNorm, attention, GELU) is refused for what it is, not for a missing
+    # unit-weight rule (checked on the eval-mode copy: the model's own mode does not matter here)
+    check_supported(unit, clipped=True, leaky=True)
     for name, m in list(unit.named_modules()):
         replacement = None
         with torch.no_grad():

@@ -31,6 +31,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import dualview
+from tiny_models import conv_net
 
 LIBRARY = Path(dualview.__file__).resolve().parent
 TORCH = Path(torch.__file__).resolve().parent
@@ -175,11 +176,6 @@ def fc_net():
 
 def images(n=4, c=1, side=8):
     return torch.rand(n, c, side, side, generator=torch.Generator().manual_seed(1))
-
-
-def conv_net():
-    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(3, 4, 3, padding=1),
-                         nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).eval()
 
 
 # Each run_<module>() prepares its inputs and models (on the CPU, outside the guard) and returns the call to check.

@@ -10,15 +10,11 @@ import torch
 from torch import nn
 
 from dualview import explain, gates, metrics, nets, projections, pullbacks
+from tiny_models import conv_net
 
 
 def small_cnn(bias: bool = True) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 3, padding=1, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 8, 3, padding=1, bias=bias), nn.ReLU(), nn.Flatten(),
-        nn.Linear(8 * 4 * 4, 16, bias=bias), nn.ReLU(), nn.Linear(16, 5, bias=bias),
-    ).double().eval()
+    return conv_net(1, (6, 8), 5, hidden=16, bias=bias, seed=0, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dualview import gates, paths
+from tiny_models import conv_net as tiny_conv_net
+from tiny_models import spread_batchnorm
 
 
 def conv_net() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1, padding_mode="circular"), nn.BatchNorm2d(4), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(6, 5), nn.ReLU(), nn.Dropout(0.5), nn.Linear(5, 3),
-    ).eval()
+    """Circular padding, a BatchNorm, an adaptive pool and a Dropout in eval mode: the layers the gates handle."""
+    return tiny_conv_net(1, (4, 6), padding_mode="circular", batchnorm=True, second_padding=0,
+                         head_pool=nn.AdaptiveAvgPool2d(1), hidden=5, dropout=0.5)
 
 
 class Block(nn.Module):
@@ -329,9 +329,7 @@ def test_blocks_do_not_nest_and_rules_are_checked():
 def _builtin_affine_layers():
     bn1, bn2 = nn.BatchNorm1d(2), nn.BatchNorm2d(2)
     for bn in (bn1, bn2):
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
-        bn.weight.data.uniform_(0.5, 1.5)
+        spread_batchnorm(bn, mean=1, bias=None)
     return [  # (layer, input shape)
         (nn.Linear(6, 4), (3, 6)), (nn.Conv1d(2, 3, 3), (3, 2, 8)),
         (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), (3, 2, 6, 6)),

@@ -12,6 +12,8 @@ from dualview import gates, nets
 from dualview import projections as P
 from dualview.gates import UnsupportedLayerError, record_gates, register_linear_layer
 from dualview.receptive_fields import conv_plan
+from tiny_models import conv_net as tiny_conv_net
+from tiny_models import spread_batchnorm
 
 
 def fc_net(widths=(6, 5, 4)) -> nn.Module:
@@ -19,18 +21,9 @@ def fc_net(widths=(6, 5, 4)) -> nn.Module:
 
 
 def conv_net(pool: str = "max") -> nn.Module:
-    pool_layer = nn.MaxPool2d(2) if pool == "max" else nn.AvgPool2d(2)
-    net = nn.Sequential(
-        nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), pool_layer,
-        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True), nn.Flatten(),
-        nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3),
-    ).double()
-    with torch.no_grad():  # a BatchNorm with non-trivial statistics, in eval mode
-        net[1].running_mean.uniform_(-0.5, 0.5)
-        net[1].running_var.uniform_(0.5, 2.0)
-        net[1].weight.uniform_(0.5, 1.5)
-        net[1].bias.uniform_(-0.3, 0.3)
-    return net.eval()
+    """For 2x6x6 inputs: a BatchNorm with non-trivial statistics (eval mode), a ceil-mode pool, float64."""
+    return spread_batchnorm(tiny_conv_net(2, (3, 4), side=6, batchnorm=True, pool=pool, second_padding=0,
+                                          head_pool=nn.MaxPool2d(2, ceil_mode=True), hidden=5, dtype=torch.float64))
 
 
 def theorem1_error(p: P.SwitchedProjections) -> float:
@@ -244,14 +237,7 @@ def test_bad_inputs_give_clear_errors():
 
 
 def _random_bn(net: nn.Module) -> nn.Module:
-    with torch.no_grad():
-        for m in net.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(-1.5, 1.5)
-                m.bias.uniform_(-0.3, 0.3)
-    return net.double().eval()
+    return spread_batchnorm(net, weight=(-1.5, 1.5)).double().eval()  # negative BatchNorm weights too
 
 
 class _Shift(nn.Module):

@@ -27,7 +27,6 @@ import argparse
 import ast
 import json
 import math
-import os
 import statistics
 import sys
 import time

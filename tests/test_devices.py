@@ -31,6 +31,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 import dualview
+from tiny_models import conv_net
 
 LIBRARY = Path(dualview.__file__).resolve().parent
 TORCH = Path(torch.__file__).resolve().parent
@@ -175,11 +176,6 @@ def fc_net():
 
 def images(n=4, c=1, side=8):
     return torch.rand(n, c, side, side, generator=torch.Generator().manual_seed(1))
-
-
-def conv_net():
-    return nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(3, 4, 3, padding=1),
-                         nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 3)).eval()
 
 
 # Each run_<module>() prepares its inputs and models (on the CPU, outside the guard) and returns the call to check.
@@ -370,6 +366,23 @@ def run_pullbacks():
                     pullbacks.projected_gradient_ascent(net, x, 1, steps=2).x)
 
 
+def run_attention():
+    from dualview import pullbacks
+
+    class Tiny(nn.Module):  # a LayerNorm and an attention between two linear layers: the surrogates of both
+        def __init__(self):
+            super().__init__()
+            self.embed, self.norm = nn.Linear(4, 8), nn.LayerNorm(8)
+            self.attn, self.head = nn.MultiheadAttention(8, 2, batch_first=True), nn.Linear(8, 3)
+
+        def forward(self, x):
+            h = self.norm(self.embed(x.flatten(2).transpose(1, 2)))
+            return self.head(self.attn(h, h, h, need_weights=False)[0].mean(1))
+
+    net, x = Tiny().eval(), images(2)[:, :, :2, :2].expand(2, 4, 2, 2).contiguous()
+    return lambda: pullbacks.excitation_pullback(net, x, 1)
+
+
 def run_receptive_fields():
     from dualview import projections
 
@@ -439,7 +452,7 @@ def run_zoo():
 
 
 MODULES = {
-    "architectures": run_architectures, "data": run_data, "dgn": run_dgn, "download": run_download,
+    "architectures": run_architectures, "attention": run_attention, "data": run_data, "dgn": run_dgn, "download": run_download,
     "exercises": run_exercises, "explain": run_explain, "gates": run_gates, "glue": run_glue, "hyperplanes": run_hyperplanes, "leveling": run_leveling,
     "levels": run_levels, "metrics": run_metrics, "nets": run_nets, "npk": run_npk, "npk_conv": run_npk_conv,
     "npk_fc": run_npk_fc, "npk_resnet": run_npk_resnet, "ntk": run_ntk, "paths": run_paths, "plot": run_plot,

@@ -2,21 +2,19 @@
 answers, and of the Quantus runner in dualview.metrics on cases whose answer is known."""
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from dualview import explain, gates, metrics, nets, projections, pullbacks
+from tiny_models import conv_net
 
 
 def small_cnn(bias: bool = True) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(
-        nn.Conv2d(1, 6, 3, padding=1, bias=bias), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 8, 3, padding=1, bias=bias), nn.ReLU(), nn.Flatten(),
-        nn.Linear(8 * 4 * 4, 16, bias=bias), nn.ReLU(), nn.Linear(16, 5, bias=bias),
-    ).double().eval()
+    return conv_net(1, (6, 8), 5, hidden=16, bias=bias, seed=0, dtype=torch.float64)
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +164,35 @@ def test_bad_input_gets_a_clear_error(batch):
     tanh = nn.Sequential(nn.Flatten(), nn.Linear(64, 3), nn.Tanh(), nn.Linear(3, 2)).double()
     with pytest.raises(gates.UnsupportedLayerError, match="Tanh"):  # (SiLU / GELU: tests/test_silu_gelu.py)
         explain.attribute(tanh, x, 0, method="pullback")
+
+
+def test_each_method_is_a_function_of_the_table_whose_parameters_are_its_options(batch):
+    """The options ``attribute`` accepts are read from each method's function (one table, no parallel list);
+    written out here as the module docstring documents them. Every option has a default, an unknown one is
+    refused with the method's list, and a method without options says so."""
+    documented = {
+        "gradient": set(), "gradient_x_input": {"baseline"},
+        "integrated_gradients": {"baseline", "n_steps", "chunk_size"},
+        "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
+        "pullback": {"temperature", "pool_temperature", "smooth_temperature", "surrogate", "attention_temperature"},
+        "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "surrogate", "attention_temperature",
+                             "baseline"},
+        "insens": {"chunk_size", "progress"}, "intensity": {"baseline"}, "edges": set(),
+    }
+    assert list(explain._METHODS) == list(explain.METHODS) and set(explain.METHODS) == set(documented)
+    for method, options in documented.items():
+        assert explain._options(method) == options, method
+        params = list(inspect.signature(explain._METHODS[method]).parameters.values())
+        assert [p.name for p in params[:3]] == ["model", "x", "t"], method
+        assert all(p.default is not inspect.Parameter.empty for p in params[3:]), method
+    model, (x, y) = small_cnn(), batch
+    with pytest.raises(TypeError, match=r"method 'smoothgrad' takes the options \['n_samples', 'noise'\], "
+                                        r"got \['baseline'\]"):
+        explain.attribute(model, x, y, method="smoothgrad", baseline=0.0)
+    with pytest.raises(TypeError, match="takes the options none, got"):
+        explain.attribute(model, x, y, method="edges", noise=0.1)
+    with pytest.raises(ValueError, match="choose one of gradient, gradient_x_input, integrated_gradients"):
+        explain.attribute(model, x, y, method="saliency")
 
 
 def test_quantus_explain_func_is_the_verb_in_numpy(batch):

@@ -12,14 +12,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 from dualview import gates, paths
+from tiny_models import conv_net as tiny_conv_net
+from tiny_models import spread_batchnorm
 
 
 def conv_net() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(1, 4, 3, padding=1, padding_mode="circular"), nn.BatchNorm2d(4), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Conv2d(4, 6, 3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(6, 5), nn.ReLU(), nn.Dropout(0.5), nn.Linear(5, 3),
-    ).eval()
+    """Circular padding, a BatchNorm, an adaptive pool and a Dropout in eval mode: the layers the gates handle."""
+    return tiny_conv_net(1, (4, 6), padding_mode="circular", batchnorm=True, second_padding=0,
+                         head_pool=nn.AdaptiveAvgPool2d(1), hidden=5, dropout=0.5)
 
 
 class Block(nn.Module):
@@ -220,6 +220,39 @@ def test_hooks_and_guard_are_removed_after_a_keyboard_interrupt():
     torch.relu(torch.randn(3))  # the guard no longer refuses functional calls
 
 
+def test_the_hook_map_is_decided_up_front_and_every_hook_comes_off():
+    """instrument's state and hooks are one object (Zennit's Composite shape): the map of which hook goes on which
+    module is built before anything is registered (torch's own affine layers get none: the guard checks their
+    calls), attach registers exactly that map, and the hooks come off after an ordinary error in the forward
+    as after a clean exit."""
+    from dualview.gates.instrument import _Instrumentation
+
+    net = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.MaxPool1d(1), nn.Flatten(), nn.Linear(5, 2))
+    session = _Instrumentation(net, (gates.Record(),))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())  # nothing registered yet
+    kinds = {m: [kind for kind, _ in hooks] for m, hooks in session.hooks.items()}
+    assert kinds == {net: ["pre", "pre", "post", "post"], net[1]: ["pre", "post"], net[2]: ["pre", "post"]}
+    assert session.hooks[net][0][1] == session.enter and session.hooks[net][-1][1] == session.leave
+    assert [h[1].func for h in (session.hooks[net[1]][1], session.hooks[net[2]][1])] == [session.at_relu,
+                                                                                        session.at_pool]
+    session.attach()
+    try:
+        assert {m: len(m._forward_pre_hooks) + len(m._forward_hooks) for m in net.modules() if
+                m._forward_pre_hooks or m._forward_hooks} == {m: len(k) for m, k in kinds.items()}
+        with pytest.raises(RuntimeError, match="already active"):
+            _Instrumentation(net[1], ())
+    finally:
+        session.remove()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    with pytest.raises(RuntimeError):  # a shape error inside the forward
+        with gates.instrument(net, gates.Record()):
+            net(torch.randn(2, 4))
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+    assert torch._C._len_torch_function_stack() == 0
+    with gates.instrument(net, gates.Record()):  # and the model may be instrumented again
+        net(torch.randn(2, 3))
+
+
 class LinearFnLinear(nn.Module):
     """Linear, ``fn`` applied as a function in ``forward`` (a hook cannot see it), Linear."""
 
@@ -296,9 +329,7 @@ def test_blocks_do_not_nest_and_rules_are_checked():
 def _builtin_affine_layers():
     bn1, bn2 = nn.BatchNorm1d(2), nn.BatchNorm2d(2)
     for bn in (bn1, bn2):
-        bn.running_mean.uniform_(-1, 1)
-        bn.running_var.uniform_(0.5, 2)
-        bn.weight.data.uniform_(0.5, 1.5)
+        spread_batchnorm(bn, mean=1, bias=None)
     return [  # (layer, input shape)
         (nn.Linear(6, 4), (3, 6)), (nn.Conv1d(2, 3, 3), (3, 2, 8)),
         (nn.Conv2d(2, 3, 3, padding=1, padding_mode="reflect"), (3, 2, 6, 6)),

@@ -2,7 +2,6 @@
 or the call raises a clear error. One test per failure a new user found, with the user's small snippet."""
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

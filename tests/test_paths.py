@@ -184,9 +184,61 @@ def test_count_paths_needs_input_or_shape_and_rejects_unknown_layers():
 
     from dualview.gates import register_linear_layer
 
-    register_linear_layer(Weird)
-    with pytest.raises(TypeError, match="register_unit_rule"):
+    with register_linear_layer(Weird), pytest.raises(TypeError, match="register_unit_rule"):
         paths.count_paths(nn.Sequential(nn.Linear(2, 2), Weird()), input_shape=(2,))
+
+
+class EveryOther(nn.Module):
+    """A fixed linear layer of the user's own: every other unit, times 3."""
+
+    def forward(self, x):
+        return 3 * x[:, ::2]
+
+
+class Select(nn.Module):
+    """EveryOther's unit-weight version (the selection stays, the weight 3 becomes 1); with ``pairs``, a wrong one
+    that also reads the units in between (twice the paths)."""
+
+    def __init__(self, pairs: bool = False):
+        super().__init__()
+        self.pairs = pairs
+
+    def forward(self, x):
+        return x[:, ::2] + x[:, 1::2] if self.pairs else x[:, ::2]
+
+
+def test_a_unit_rule_can_be_scoped_or_undone():
+    """register_unit_rule has register_linear_layer's shape: a context manager that registers for its block only
+    (the class's rule before it is back on exit, nested blocks included), or a call undone by
+    unregister_unit_rule. Paths through Linear(4, 6), ReLU, every other unit, Linear(3, 2), by hand:
+    4 x 6 = 24 to the ReLU, 4 x 3 x 2 = 24 to the output (a rule reading pairs gives 48 there)."""
+    from dualview.gates import register_linear_layer
+
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), EveryOther(), nn.Linear(3, 2))
+
+    def total():
+        return paths.count_paths(net, input_shape=(4,)).total.tolist()
+
+    with register_linear_layer(EveryOther):
+        with pytest.raises(TypeError, match="register_unit_rule"):
+            total()
+        with paths.register_unit_rule(EveryOther, lambda m: Select()):
+            assert total() == [24, 24]
+            with paths.register_unit_rule(EveryOther, lambda m: Select(pairs=True)):
+                assert total() == [24, 48]
+            assert total() == [24, 24]  # the outer block's rule is back
+        with pytest.raises(TypeError, match="register_unit_rule"):
+            total()
+        paths.register_unit_rule(EveryOther, lambda m: Select())  # as a call: registered until undone
+        assert total() == [24, 24]
+        paths.unregister_unit_rule(EveryOther)
+        with pytest.raises(TypeError, match="register_unit_rule"):
+            total()
+        paths.unregister_unit_rule(EveryOther)  # nothing registered: nothing to do
+    with pytest.raises(TypeError, match="nn.Module class"):
+        paths.register_unit_rule(Select(), lambda m: m)
+    with pytest.raises(TypeError, match="rule"):
+        paths.register_unit_rule(EveryOther, "identity")
 
 
 def test_parameter_count():

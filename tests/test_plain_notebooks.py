@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import notebooks  # noqa: E402
 import student  # noqa: E402
 
-from dualview import exercises, glue, paths  # noqa: E402
+from dualview import exercises, glue  # noqa: E402
 
 COPIES = sorted((ROOT / "book").glob("*.ipynb")) + sorted((ROOT / "book" / "student").glob("*.ipynb"))
 # independent of notebooks.MYST_SYNTAX: a role, a directive fence, a colon fence, a target, a labelled equation

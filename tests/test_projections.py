@@ -12,6 +12,8 @@ from dualview import gates, nets
 from dualview import projections as P
 from dualview.gates import UnsupportedLayerError, record_gates, register_linear_layer
 from dualview.receptive_fields import conv_plan
+from tiny_models import conv_net as tiny_conv_net
+from tiny_models import spread_batchnorm
 
 
 def fc_net(widths=(6, 5, 4)) -> nn.Module:
@@ -19,18 +21,9 @@ def fc_net(widths=(6, 5, 4)) -> nn.Module:
 
 
 def conv_net(pool: str = "max") -> nn.Module:
-    pool_layer = nn.MaxPool2d(2) if pool == "max" else nn.AvgPool2d(2)
-    net = nn.Sequential(
-        nn.Conv2d(2, 3, 3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), pool_layer,
-        nn.Conv2d(3, 4, 3), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True), nn.Flatten(),
-        nn.Linear(4, 5), nn.ReLU(), nn.Linear(5, 3),
-    ).double()
-    with torch.no_grad():  # a BatchNorm with non-trivial statistics, in eval mode
-        net[1].running_mean.uniform_(-0.5, 0.5)
-        net[1].running_var.uniform_(0.5, 2.0)
-        net[1].weight.uniform_(0.5, 1.5)
-        net[1].bias.uniform_(-0.3, 0.3)
-    return net.eval()
+    """For 2x6x6 inputs: a BatchNorm with non-trivial statistics (eval mode), a ceil-mode pool, float64."""
+    return spread_batchnorm(tiny_conv_net(2, (3, 4), side=6, batchnorm=True, pool=pool, second_padding=0,
+                                          head_pool=nn.MaxPool2d(2, ceil_mode=True), hidden=5, dtype=torch.float64))
 
 
 def theorem1_error(p: P.SwitchedProjections) -> float:
@@ -129,6 +122,34 @@ def test_a_neuron_at_exactly_q_0_is_inactive_and_counted():
         torch.testing.assert_close(result.omega[0], by_hand, rtol=1e-14, atol=0)
 
 
+def test_the_shared_insens_coefficients_are_eq8_written_out():
+    """insens and insens_estimate share one coefficient block (projections._frozen): a_i = q_i / |w_i|^2 / |I| on
+    the inactive neurons (q_i <= 0, w_i != 0), checked against a loop over neurons; with a stack of norms (the
+    estimate's leave-one-group-out ones) each slice is the call with those norms, inactivity decided by the first."""
+    from dualview.projections._frozen import inactive_coefficients
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 7, dtype=torch.float64, generator=g)
+    q[0, 0] = 0.0  # on its hyperplane: inactive, counted
+    sq = torch.rand(3, 7, dtype=torch.float64, generator=g) + 0.1
+    sq[1, :3] = 0.0  # cut off where q <= 0
+    a = inactive_coefficients(q, sq)
+    ref, n_in, n_cut = torch.zeros_like(q), [0] * 3, [0] * 3
+    for s in range(3):
+        for i in range(7):
+            if q[s, i] <= 0 and sq[s, i] > 0:
+                ref[s, i], n_in[s] = q[s, i] / sq[s, i], n_in[s] + 1
+            elif q[s, i] <= 0:
+                n_cut[s] += 1
+        ref[s] /= max(n_in[s], 1)
+    torch.testing.assert_close(a.coef, ref, rtol=1e-15, atol=0)
+    assert a.n_inactive.tolist() == n_in and a.n_cut_off.tolist() == n_cut
+    other = sq * 2
+    stacked = inactive_coefficients(q, sq, torch.stack([sq, other])).coef
+    torch.testing.assert_close(stacked[0], a.coef, rtol=0, atol=0)
+    torch.testing.assert_close(stacked[1], a.coef / 2, rtol=1e-15, atol=0)
+
+
 def test_residual_network_and_reused_relu():
     class Block(nn.Module):
         """One ReLU module called twice (as torchvision's ResNet blocks do) and an in-place ReLU
@@ -216,14 +237,7 @@ def test_bad_inputs_give_clear_errors():
 
 
 def _random_bn(net: nn.Module) -> nn.Module:
-    with torch.no_grad():
-        for m in net.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(-1.5, 1.5)
-                m.bias.uniform_(-0.3, 0.3)
-    return net.double().eval()
+    return spread_batchnorm(net, weight=(-1.5, 1.5)).double().eval()  # negative BatchNorm weights too
 
 
 class _Shift(nn.Module):

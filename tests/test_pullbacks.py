@@ -15,6 +15,8 @@ from torch import nn
 
 from dualview import gates, paths, pullbacks as pb, surrogates, zoo
 from dualview.gates import UnsupportedLayerError
+from tiny_models import conv_net as tiny_conv_net
+from tiny_models import spread_batchnorm
 
 
 # ------------------------------------------------------------------------------------------------
@@ -35,19 +37,11 @@ def cifar_batch() -> torch.Tensor:
 
 
 def conv_net(seed: int = 0, dtype=torch.float32) -> nn.Sequential:
-    torch.manual_seed(seed)
-    net = nn.Sequential(
-        nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(6, 8, 3), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1),
-        nn.Flatten(), nn.Linear(8 * 3 * 3, 16), nn.ReLU(), nn.Linear(16, 5),
-    )
-    bn = net[1]  # statistics and affine parameters away from 0 and 1: the BatchNorm's factor is tested too
-    bn.running_mean.uniform_(-0.5, 0.5)
-    bn.running_var.uniform_(0.3, 3.0)
-    with torch.no_grad():
-        bn.weight.uniform_(0.5, 2.0)
-        bn.bias.uniform_(-0.3, 0.3)
-    return net.to(dtype).eval()
+    """For 3x14x14 inputs: a BatchNorm whose statistics and affine parameters are away from 0 and 1 (its factor
+    is tested too) and an overlapping max pool."""
+    net = tiny_conv_net(3, (6, 8), 5, side=14, batchnorm=True, second_padding=0,
+                        head_pool=nn.MaxPool2d(3, stride=2, padding=1), hidden=16, seed=seed)
+    return spread_batchnorm(net, var=(0.3, 3.0), weight=(0.5, 2.0)).to(dtype)
 
 
 def zennit_pullback(model: nn.Module, x: torch.Tensor, target, temperature: float) -> torch.Tensor:

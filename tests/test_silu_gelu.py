@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dualview import dgn, explain, gates, npk, paths, projections, pullbacks
+from tiny_models import spread_batchnorm
 
 
 def held(q, out, gate):
@@ -55,10 +56,7 @@ def cnn() -> nn.Sequential:
     model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.SiLU(inplace=True),
                           nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.GELU(),
                           nn.AvgPool2d(2), nn.Flatten(), nn.Linear(16, 3))
-    with torch.no_grad():
-        model[1].running_mean.uniform_(-0.5, 0.5)
-        model[1].running_var.uniform_(0.5, 2.0)
-    return model.double().eval()
+    return spread_batchnorm(model, weight=None, bias=None).double().eval()
 
 
 def cnn_by_hand(model, x):

@@ -14,6 +14,7 @@ LAYERS = [
     ["data", "stats", "train"],
     ["nets", "splits", "scoreboard"],
     ["gates", "zoo"],
+    ["attention"],
     ["surrogates", "metrics"],
     ["paths"],
     ["architectures"],

@@ -162,3 +162,118 @@ def test_errors():
         surrogates.SurrogateBackward(0.3, pool_temperature=-1)
     with pytest.raises(ValueError, match="max_pool2d expects"):
         surrogates.soft_max_pool(torch.rand(5), 2, temperature=0.3)
+
+
+# --------------------------------------------------------------------------------------------------
+# The follow-up's rules (surrogate="normal_cdf"): the authors' current code, 314-Foundation/SemanticPullbacks
+
+
+def _phi(z: torch.Tensor) -> torch.Tensor:
+    """The standard normal CDF, from scipy (independent of the library's erf formula)."""
+    from scipy.stats import norm
+
+    return torch.from_numpy(norm.cdf(z.detach().numpy()))
+
+
+@settings(max_examples=20, deadline=None)
+@given(tau=st.floats(0.05, 3.0), seed=st.integers(0, 1000))
+def test_normal_cdf_surrogate_relu_backward_is_phi(tau, seed):
+    z = torch.randn(40, dtype=torch.float64, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+    out = surrogates.surrogate_relu(z, tau, surrogate="normal_cdf")
+    assert torch.equal(out, torch.relu(z))
+    (g,) = torch.autograd.grad(out.sum(), z)
+    assert torch.allclose(g, _phi(z / tau), rtol=1e-10, atol=1e-15)
+    assert torch.allclose(surrogates.relu_gate(z.detach(), tau, "normal_cdf"), _phi(z / tau), rtol=1e-10, atol=1e-15)
+    assert torch.allclose(surrogates.soft_gates({"a": z.detach()}, tau, "normal_cdf")["a"], _phi(z / tau),
+                          rtol=1e-10, atol=1e-15)
+
+
+def test_normal_cdf_clipped_gate():
+    q = torch.linspace(-3, 9, 49, dtype=torch.float64)
+    got = surrogates.clipped_soft_gate(q, 6.0, 0.6, "normal_cdf")
+    assert torch.allclose(got, _phi(q / 0.6) - _phi((q - 6) / 0.6), rtol=1e-10, atol=1e-15)
+
+
+@pytest.mark.parametrize("k, s, p", [(2, 2, 0), (3, 2, 1), (3, 1, 1)])
+def test_fixed_weight_pool_backward_is_the_follow_ups_soft_pool(k, s, p):
+    # the follow-up's SoftMaxPool2d: sum_i x_i * stopgrad(softmax(x / tau)_i) over each window (no padding in
+    # the windows here, where its F.unfold would pool zeros), straight-through beside the hard max-pool
+    gen = torch.Generator().manual_seed(k + s + p)
+    x = torch.randn(2, 3, 9, 9, dtype=torch.float64, generator=gen, requires_grad=True)
+    out = surrogates.surrogate_max_pool(x, k, s, p, temperature=0.3, fixed_weights=True)
+    hard = F.max_pool2d(x, k, s, p)
+    assert torch.equal(out, hard)
+    g = torch.randn(hard.shape, dtype=torch.float64, generator=gen)
+    (got,) = torch.autograd.grad(out, x, g)
+    cols = F.unfold(x, k, stride=s, padding=p).view(2, 3, k * k, -1)
+    padmask = F.unfold(torch.ones(1, 1, 9, 9, dtype=torch.float64), k, stride=s, padding=p).view(1, 1, k * k, -1)
+    w = torch.softmax((cols / 0.3).masked_fill(padmask == 0, float("-inf")), 2).detach()
+    soft = (cols * w).sum(2).view_as(hard)
+    (ref,) = torch.autograd.grad(soft, x, g)
+    assert torch.allclose(got, ref, rtol=1e-10, atol=1e-12)
+    (listing2,) = torch.autograd.grad(surrogates.surrogate_max_pool(x, k, s, p, temperature=0.3), x, g)
+    assert not torch.allclose(got, listing2)  # not the seed paper's pool backward
+
+
+def test_normal_cdf_pullback_is_the_follow_ups_formula():
+    # a CNN with ReLUs (module and functional), a max-pool and a ReLU6, pulled back with the follow-up's rules
+    # at their defaults (ReLU: Phi(z / 0.6), max-pool: fixed softmax weights at 0.3), against a forward written
+    # out with the follow-up's FGI construction: y = x * stopgrad(gate) - stopgrad(x * gate) + stopgrad(relu(x))
+    from dualview import explain, pullbacks
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.relu, self.pool = nn.Conv2d(2, 4, 3), nn.ReLU(), nn.MaxPool2d(2)
+            self.c2, self.clip, self.fc = nn.Conv2d(4, 4, 3), nn.ReLU6(), nn.Linear(4 * 9, 3)
+
+        def forward(self, x):
+            h = self.pool(self.relu(self.c1(x)))
+            return self.fc(F.relu(self.clip(self.c2(h)) - 1).flatten(1))
+
+    torch.manual_seed(0)
+    net = Net().double().eval()
+    x = torch.randn(3, 2, 12, 12, dtype=torch.float64) * 3
+
+    def fgi(z, gate, forward):
+        mul = z * gate.detach()
+        return mul - mul.detach() + forward.detach()
+
+    def soft_pool(z):
+        cols = F.unfold(z, 2, stride=2).view(z.shape[0], z.shape[1], 4, -1)
+        soft = (cols * torch.softmax(cols / 0.3, 2).detach()).sum(2).view(*z.shape[:2], 5, 5)
+        return F.max_pool2d(z, 2).detach() + (soft - soft.detach())
+
+    xg = x.clone().requires_grad_(True)
+    q1 = net.c1(xg)
+    h = soft_pool(fgi(q1, _phi(q1 / 0.6), torch.relu(q1)))
+    q2 = net.c2(h)
+    c = fgi(q2, _phi(q2 / 0.6) - _phi((q2 - 6) / 0.6), F.relu6(q2)) - 1
+    out = net.fc(fgi(c, _phi(c / 0.6), torch.relu(c)).flatten(1))
+    (ref,) = torch.autograd.grad(out[:, 1].sum(), xg)
+
+    got = pullbacks.excitation_pullback(net, x, 1, surrogate="normal_cdf")
+    assert torch.allclose(got, ref, rtol=1e-9, atol=1e-12)
+    assert torch.equal(got, pullbacks.excitation_pullback(net, x, 1, temperature=0.6, pool_temperature=0.3,
+                                                          surrogate="normal_cdf"))
+    assert torch.equal(got, explain.attribute(net, x, 1, "pullback", surrogate="normal_cdf"))
+    # the default stays the seed paper's sigmoid(z / 0.3), and differs
+    paper = pullbacks.excitation_pullback(net, x, 1)
+    assert torch.equal(paper, pullbacks.excitation_pullback(net, x, 1, temperature=0.3, surrogate="sigmoid"))
+    assert not torch.allclose(paper, got, rtol=1e-3)
+    gates_phi = pullbacks.excitation_gates(nn.Sequential(net.c1, net.relu), x, surrogate="normal_cdf")
+    assert torch.allclose(gates_phi["1"], _phi(net.c1(x) / 0.6), rtol=1e-10, atol=1e-15)
+
+
+def test_surrogate_errors():
+    with pytest.raises(ValueError, match="'sigmoid', 'normal_cdf'"):
+        surrogates.check_surrogate("gauss")
+    with pytest.raises(ValueError, match="surrogate must be"):
+        surrogates.SurrogateBackward(0.3, surrogate="erf")
+    net = nn.Sequential(nn.Linear(3, 2), nn.ReLU(), nn.Linear(2, 2)).eval()
+    from dualview import pullbacks
+
+    with pytest.raises(ValueError, match="surrogate must be"):
+        pullbacks.excitation_pullback(net, torch.rand(2, 3), 0, surrogate="Phi")
+    rule = surrogates.SurrogateBackward(0.6, surrogate="normal_cdf")
+    assert rule.pool_temperature == 0.3 and surrogates.SurrogateBackward(0.6).pool_temperature == 0.6

@@ -20,7 +20,9 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 * ``"pullback"``: the excitation pullback :cite:`satkiewicz2025tapping` (``temperature``,
   ``pool_temperature``, ``smooth_temperature``; :func:`dualview.pullbacks.excitation_pullback`); on SiLU /
   GELU models (EfficientNet) a surrogate backward with their gates ``sigmoid(q / tau)`` / ``Phi(q / tau)``,
-  not an exact dual view (:mod:`dualview.surrogates`);
+  not an exact dual view (:mod:`dualview.surrogates`); ``surrogate="normal_cdf"``: the authors' current rules
+  (``Phi(q / 0.6)``); ViT-style models with LayerNorm and attention (``attention_temperature``;
+  :mod:`dualview.attention`);
 * ``"pullback_x_input"``: pullback times input minus ``baseline`` (default 0), as ``"gradient_x_input"``;
 * ``"insens"``: Insens :cite:`szymanski2020switched` (:func:`dualview.projections.insens`; ``chunk_size``,
   ``progress``: a progress bar over the forward-mode sweep), *class-agnostic*: the ``target`` is checked and
@@ -29,12 +31,16 @@ family) and the class ``target`` (one for all samples or one per sample) and ret
 * ``"edges"``: the Sobel edge magnitude of the channel-mean image, on every channel, another.
 
 :func:`quantus_explain_func` adapts the verb to Quantus' ``explain_func`` convention (NumPy in, NumPy out).
+
+Each method is one small function ``(model, x, t, **options)`` in the table ``_METHODS``; its keyword
+parameters are the options it takes, and :func:`attribute` checks a call's options against them.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import copy
+import inspect
 import warnings
 
 import numpy as np
@@ -48,21 +54,8 @@ from dualview.metrics import target_classes
 
 __all__ = ["METHODS", "CLASS_AGNOSTIC", "attribute", "edge_map", "quantus_explain_func"]
 
-METHODS: tuple[str, ...] = ("gradient", "gradient_x_input", "integrated_gradients", "smoothgrad", "lrp", "pullback",
-                            "pullback_x_input", "insens", "intensity", "edges")
-"""The names ``attribute`` accepts, in the order the book's tables list them."""
-
 CLASS_AGNOSTIC: frozenset[str] = frozenset({"insens", "intensity", "edges"})
 """Methods whose map does not depend on the target class."""
-
-_OPTIONS: dict[str, set[str]] = {
-    "gradient": set(), "gradient_x_input": {"baseline"},
-    "integrated_gradients": {"baseline", "n_steps", "chunk_size"},
-    "smoothgrad": {"n_samples", "noise"}, "lrp": {"composite", "low", "high", "normalised", "epsilon", "gamma"},
-    "pullback": {"temperature", "pool_temperature", "smooth_temperature"},
-    "pullback_x_input": {"temperature", "pool_temperature", "smooth_temperature", "baseline"},
-    "insens": {"chunk_size", "progress"}, "intensity": {"baseline"}, "edges": set(),
-}
 
 
 def edge_map(x: Tensor) -> Tensor:
@@ -286,6 +279,8 @@ def _lrp(model: nn.Module, x: Tensor, t: Tensor, composite: str = "epsilon_gamma
     from zennit.rules import Epsilon
     from zennit.types import Convolution
 
+    if x.dim() != 4:
+        raise ValueError(f"LRP needs images (N, C, H, W), got shape {tuple(x.shape)}")
     preprocess, net = _zoo_parts(model)
     with torch.no_grad():
         z = preprocess(x)
@@ -332,6 +327,89 @@ def _lrp(model: nn.Module, x: Tensor, t: Tensor, composite: str = "epsilon_gamma
     return relevance.detach()
 
 
+# --------------------------------------------------------------------------------------------------
+# The methods: one small function each, ``(model, x, t, **its options)`` with ``x`` detached and checked and
+# ``t`` the target classes; its keyword parameters are the options it takes (``attribute`` checks them)
+
+
+def _gradient(model: nn.Module, x: Tensor, t: Tensor) -> Tensor:
+    return pullbacks.input_gradient(model, x, t)
+
+
+def _gradient_x_input(model: nn.Module, x: Tensor, t: Tensor, baseline: Any = 0.0) -> Tensor:
+    return pullbacks.input_gradient(model, x, t) * (x - _baseline(x, baseline))
+
+
+def _pullback(model: nn.Module, x: Tensor, t: Tensor, temperature: float | None = None,
+              pool_temperature: float | None = None, smooth_temperature: float | None = None,
+              surrogate: str = "sigmoid", attention_temperature: float | None = None) -> Tensor:
+    return pullbacks.excitation_pullback(model, x, t, temperature=temperature, pool_temperature=pool_temperature,
+                                         smooth_temperature=smooth_temperature, surrogate=surrogate,
+                                         attention_temperature=attention_temperature)
+
+
+def _pullback_x_input(model: nn.Module, x: Tensor, t: Tensor, temperature: float | None = None,
+                      pool_temperature: float | None = None, smooth_temperature: float | None = None,
+                      surrogate: str = "sigmoid", attention_temperature: float | None = None,
+                      baseline: Any = 0.0) -> Tensor:
+    v = _pullback(model, x, t, temperature, pool_temperature, smooth_temperature, surrogate, attention_temperature)
+    return v * (x - _baseline(x, baseline))
+
+
+def _integrated_gradients(model: nn.Module, x: Tensor, t: Tensor, baseline: Any = 0.0, n_steps: int = 32,
+                          chunk_size: int | None = None) -> Tensor:
+    from captum.attr import IntegratedGradients
+
+    size = max(len(x), 256) if chunk_size is None else chunk_size
+    for name, value in (("n_steps", n_steps), ("chunk_size", size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    base = _baseline(x, baseline)
+    per = min(len(x), size)  # inputs per call; Captum then runs size // per steps of each at a time
+    ig = IntegratedGradients(model)
+    with torch.enable_grad():
+        parts = [ig.attribute(xs, baselines=bs, target=ts, n_steps=n_steps, internal_batch_size=size)
+                 for xs, bs, ts in zip(x.split(per), base.split(per), t.split(per))]
+    return torch.cat([p.detach() for p in parts])
+
+
+def _smoothgrad(model: nn.Module, x: Tensor, t: Tensor, n_samples: int = 16, noise: float = 0.15) -> Tensor:
+    from captum.attr import NoiseTunnel, Saliency
+
+    with torch.enable_grad():
+        out = NoiseTunnel(Saliency(model)).attribute(x, nt_type="smoothgrad", nt_samples=n_samples,
+                                                     nt_samples_batch_size=max(1, 256 // len(x)),
+                                                     stdevs=noise, target=t, abs=False)
+    return out.detach()
+
+
+def _insens(model: nn.Module, x: Tensor, t: Tensor, chunk_size: int | None = None, progress: bool = False) -> Tensor:
+    return projections.insens(model, x, chunk_size=chunk_size, progress=progress).omega  # class-agnostic
+
+
+def _intensity(model: nn.Module, x: Tensor, t: Tensor, baseline: Any = 0.0) -> Tensor:
+    return (x - _baseline(x, baseline)).abs()
+
+
+def _edges(model: nn.Module, x: Tensor, t: Tensor) -> Tensor:
+    return edge_map(x)[:, None].expand_as(x).clone()
+
+
+_METHODS: dict[str, Callable[..., Tensor]] = {
+    "gradient": _gradient, "gradient_x_input": _gradient_x_input, "integrated_gradients": _integrated_gradients,
+    "smoothgrad": _smoothgrad, "lrp": _lrp, "pullback": _pullback, "pullback_x_input": _pullback_x_input,
+    "insens": _insens, "intensity": _intensity, "edges": _edges,
+}
+
+METHODS: tuple[str, ...] = tuple(_METHODS)
+"""The names ``attribute`` accepts, in the order the book's tables list them."""
+
+
+def _options(method: str) -> frozenset[str]:
+    """The options ``method`` takes: the parameters of its function after ``(model, x, t)``."""
+    return frozenset(list(inspect.signature(_METHODS[method]).parameters)[3:])
+
+
 def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor, method: str = "gradient",
               **options: Any) -> Tensor:
     """The ``method``'s attribution map of class ``target`` at each input, shaped like ``x``.
@@ -352,9 +430,10 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
     """
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    unknown = set(options) - _OPTIONS[method]
+    allowed = _options(method)
+    unknown = set(options) - allowed
     if unknown:
-        raise TypeError(f"method {method!r} takes the options {sorted(_OPTIONS[method]) or 'none'}, "
+        raise TypeError(f"method {method!r} takes the options {sorted(allowed) or 'none'}, "
                         f"got {sorted(unknown)}")
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -365,48 +444,7 @@ def attribute(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
         logits = model_output(model, x)
     if logits.dim() != 2:
         raise ValueError(f"the model must return logits of shape (N, classes), got {tuple(logits.shape)}")
-    t = target_classes(target, logits)
-    if method in ("gradient", "gradient_x_input"):
-        g = pullbacks.input_gradient(model, x, t)
-        return g * (x - _baseline(x, options.get("baseline", 0.0))) if method == "gradient_x_input" else g
-    if method in ("pullback", "pullback_x_input"):
-        v = pullbacks.excitation_pullback(model, x, t, temperature=options.get("temperature", pullbacks.DEFAULT_TEMPERATURE),
-                                          pool_temperature=options.get("pool_temperature"),
-                                          smooth_temperature=options.get("smooth_temperature"))
-        return v * (x - _baseline(x, options.get("baseline", 0.0))) if method == "pullback_x_input" else v
-    if method == "integrated_gradients":
-        from captum.attr import IntegratedGradients
-
-        steps, size = options.get("n_steps", 32), options.get("chunk_size", max(len(x), 256))
-        for name, value in (("n_steps", steps), ("chunk_size", size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        base = _baseline(x, options.get("baseline", 0.0))
-        per = min(len(x), size)  # inputs per call; Captum then runs size // per steps of each at a time
-        ig = IntegratedGradients(model)
-        with torch.enable_grad():
-            parts = [ig.attribute(xs, baselines=bs, target=ts, n_steps=steps, internal_batch_size=size)
-                     for xs, bs, ts in zip(x.split(per), base.split(per), t.split(per))]
-        parts = [p.detach() for p in parts]
-        return torch.cat(parts)
-    if method == "smoothgrad":
-        from captum.attr import NoiseTunnel, Saliency
-
-        with torch.enable_grad():
-            out = NoiseTunnel(Saliency(model)).attribute(x, nt_type="smoothgrad", nt_samples=options.get("n_samples", 16),
-                                                         nt_samples_batch_size=max(1, 256 // len(x)),
-                                                         stdevs=options.get("noise", 0.15), target=t, abs=False)
-        return out.detach()
-    if method == "lrp":
-        if x.dim() != 4:
-            raise ValueError(f"LRP needs images (N, C, H, W), got shape {tuple(x.shape)}")
-        return _lrp(model, x, t, **options)
-    if method == "insens":
-        return projections.insens(model, x, chunk_size=options.get("chunk_size"),
-                                  progress=options.get("progress", False)).omega
-    if method == "intensity":
-        return (x - _baseline(x, options.get("baseline", 0.0))).abs()
-    return edge_map(x)[:, None].expand_as(x).clone()   # "edges"
+    return _METHODS[method](model, x, target_classes(target, logits), **options)
 
 
 def quantus_explain_func(model: nn.Module, inputs: np.ndarray, targets: np.ndarray, method: str = "gradient",

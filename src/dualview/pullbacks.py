@@ -27,6 +27,12 @@ squeeze-and-excitation blocks and StochasticDepth, i.e. EfficientNet) get the su
 dual view (the network is not piecewise linear, no switched linear model reproduces ``f(x)``), so
 :func:`excitation_gates` and :func:`gated_linear_model` refuse them. Hardswish is refused.
 
+Side by side with the seed paper's rules, the authors' current ones (``surrogate="normal_cdf"``: the ReLU's
+derivative ``Phi(z / 0.6)``, max-pools with their softmax weights held fixed; :mod:`dualview.surrogates`), and,
+beyond the seed papers, ViT-style models: ``nn.LayerNorm`` with its mean and variance held fixed and
+``nn.MultiheadAttention`` with its softmax weights held fixed, the gradient through the values
+(``attention_temperature``, default 1; :mod:`dualview.attention`), again a surrogate, not an exact dual view.
+
 On top: :func:`excitation_pullback` and :func:`input_gradient` (batched, one target per sample),
 :func:`projected_gradient_ascent` (the counterfactuals of Section 5.1), and the objects of the theory
 (:func:`excitation_gates`, :func:`gated_linear_model`). The soft path features of Eq. 18 are
@@ -47,7 +53,8 @@ from dualview.gates import CLIPPED_LAYERS, GATE_LAYERS, POOL_GATE_LAYERS, Unsupp
     check_batch, check_eval, check_reproduces, full_precision, instrument, record_gates, \
     run_with_gates
 from dualview.metrics import target_classes
-from dualview.surrogates import SurrogateBackward, check_temperature, clipped_soft_gate, soft_gates
+from dualview.surrogates import POOL_TEMPERATURES, SURROGATE_TEMPERATURES, SurrogateBackward, check_surrogate, \
+    check_temperature, clipped_soft_gate, soft_gates
 
 __all__ = [
     "DEFAULT_TEMPERATURE",
@@ -64,7 +71,7 @@ __all__ = [
     "gated_linear_model",
 ]
 
-DEFAULT_TEMPERATURE: float = 0.3
+DEFAULT_TEMPERATURE: float = SURROGATE_TEMPERATURES["sigmoid"]
 """The paper's temperature ``tau`` of ``sigmoid(z / tau)``, for ReLUs and max-pools (Section 5.2-5.3)."""
 
 PAPER_INPUT_NUMEL: int = 3 * 224 * 224
@@ -103,13 +110,25 @@ class PatchReport:
         """SiLU / GELU calls given their surrogate gate."""
         return self.rule.smooth_calls
 
+    @property
+    def layer_norm_calls(self) -> int:
+        """``nn.LayerNorm`` calls given their surrogate backward (mean and variance held fixed)."""
+        return self.rule.layer_norm_calls
+
+    @property
+    def attention_calls(self) -> int:
+        """``nn.MultiheadAttention`` calls given their surrogate backward (softmax weights held fixed)."""
+        return self.rule.attention_calls
+
 
 @contextlib.contextmanager
 def excitation_backward(
     model: nn.Module,
-    temperature: float = DEFAULT_TEMPERATURE,
+    temperature: float | None = None,
     pool_temperature: float | None = None,
     smooth_temperature: float | None = None,
+    surrogate: str = "sigmoid",
+    attention_temperature: float | None = None,
 ) -> Iterator[PatchReport]:
     """Inside the block, ``model``'s backward pass computes excitation pullbacks (Section 5.2-5.3).
 
@@ -122,8 +141,14 @@ def excitation_backward(
     parameters and modules are never touched. Yields a :class:`PatchReport`. SiLU / GELU units multiply the
     gradient by their surrogate gate at ``smooth_temperature``
     (:func:`dualview.surrogates.smooth_gate`; not an exact dual view, see the module's docstring).
+    ``temperature=None``: the surrogate's (:data:`dualview.surrogates.SURROGATE_TEMPERATURES`: 0.3 for the seed
+    paper's ``"sigmoid"``, 0.6 for the follow-up's ``"normal_cdf"``, whose max-pools default to 0.3 and hold
+    their softmax weights fixed). ``nn.LayerNorm`` and ``nn.MultiheadAttention`` get the follow-up's rules
+    (:mod:`dualview.attention`, ``attention_temperature`` default 1).
     """
-    rule = SurrogateBackward(temperature, pool_temperature, smooth_temperature)
+    surrogate = check_surrogate(surrogate)
+    tau = SURROGATE_TEMPERATURES[surrogate] if temperature is None else temperature
+    rule = SurrogateBackward(tau, pool_temperature, smooth_temperature, surrogate, attention_temperature)
     named = [(name or "<model>", m) for name, m in model.named_modules()]
     for label, m in named:
         if isinstance(m, POOL_GATE_LAYERS) and m.return_indices:
@@ -140,16 +165,19 @@ def excitation_backward(
 
 
 def _pullback_and_logits(
-    model: nn.Module, x: Tensor, target, temperature: float, pool_temperature: float | None,
-    smooth_temperature: float | None = None,
+    model: nn.Module, x: Tensor, target, temperature: float | None, pool_temperature: float | None,
+    smooth_temperature: float | None = None, surrogate: str = "sigmoid", attention_temperature: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(pullback, logits, targets)``: the pullback of ``logits[n, target[n]]`` for every sample ``n``."""
     check_batch(x, floating=True)
-    t = check_temperature(temperature)
+    surrogate = check_surrogate(surrogate)
+    t = SURROGATE_TEMPERATURES[surrogate] if temperature is None else check_temperature(temperature)
     check_eval(model)  # before any forward: a refused call leaves the model untouched
     xg = x.detach().clone().requires_grad_(True)
-    ctx = contextlib.nullcontext() if t == 0 and not pool_temperature and smooth_temperature is None else \
-        excitation_backward(model, t, pool_temperature, smooth_temperature)
+    pool = POOL_TEMPERATURES[surrogate] if pool_temperature is None else pool_temperature
+    plain = t == 0 and not pool and smooth_temperature is None and attention_temperature is None
+    ctx = contextlib.nullcontext() if plain else \
+        excitation_backward(model, t, pool_temperature, smooth_temperature, surrogate, attention_temperature)
     # only the input's gradient is needed: with the parameters' requires_grad off for the call, autograd saves
     # no layer inputs for weight gradients (less memory, faster on a CPU); restored afterwards, also on errors
     frozen = [p for p in model.parameters() if p.requires_grad]
@@ -171,8 +199,9 @@ def _pullback_and_logits(
 
 def excitation_pullback(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor,
-    temperature: float = DEFAULT_TEMPERATURE, pool_temperature: float | None = None,
-    smooth_temperature: float | None = None,
+    temperature: float | None = None, pool_temperature: float | None = None,
+    smooth_temperature: float | None = None, surrogate: str = "sigmoid",
+    attention_temperature: float | None = None,
 ) -> Tensor:
     """The excitation pullback of the class neuron ``target`` at each input (Hypothesis 1, Section 5.2).
 
@@ -187,8 +216,16 @@ def excitation_pullback(
     gradient to ``x`` times ``s(x)`` held fixed. This is exactly the gradient of the network in which each
     such unit computes ``q * stopgrad(gate(q))`` and each block ``x * stopgrad(s(x))`` (same forward), NOT a
     gated linear model of the network: it is not piecewise linear, and nothing linear reproduces ``f(x)``.
+
+    ``surrogate``: ``"sigmoid"`` (the seed paper's, the default) or ``"normal_cdf"`` (the authors' current code:
+    ``Phi(z / tau)`` at the ReLUs, max-pools with fixed softmax weights at 0.3); ``temperature=None`` is the
+    surrogate's own (0.3 or 0.6). ViT-style models (``nn.LayerNorm``, ``nn.MultiheadAttention``, GELU, a class
+    token): LayerNorm's mean and variance and attention's softmax weights are held fixed, the gradient flowing
+    through the values with the weights of ``softmax(s / attention_temperature)`` (default 1;
+    :mod:`dualview.attention`): the follow-up's rules, a surrogate as for SiLU / GELU.
     """
-    return _pullback_and_logits(model, x, target, temperature, pool_temperature, smooth_temperature)[0]
+    return _pullback_and_logits(model, x, target, temperature, pool_temperature, smooth_temperature, surrogate,
+                                attention_temperature)[0]
 
 
 def input_gradient(model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor) -> Tensor:
@@ -244,7 +281,8 @@ class AscentResult:
 
 def projected_gradient_ascent(
     model: nn.Module, x: Tensor, target: int | Sequence[int] | Tensor, *,
-    method: str = "pullback", temperature: float = DEFAULT_TEMPERATURE, pool_temperature: float | None = None,
+    method: str = "pullback", temperature: float | None = None, pool_temperature: float | None = None,
+    surrogate: str = "sigmoid",
     step_size: float = 20.0, radius: float = 100.0, steps: int = 10,
     bounds: tuple[float, float] | None = (-1.0, 1.0), keep_path: bool = False,
 ) -> AscentResult:
@@ -255,6 +293,7 @@ def projected_gradient_ascent(
     [-1, 1] at 3x224x224); for other inputs rescale the norms with :func:`rescale_norm` and pass the
     model's input range as ``bounds`` (``None``: no clamping). ``method``: ``"pullback"`` or ``"gradient"``.
     ``keep_path=True`` also returns every intermediate image (``steps + 1`` times the memory of ``x``).
+    ``surrogate`` and ``temperature``: as for :func:`excitation_pullback`.
     """
     if method not in ("pullback", "gradient"):
         raise ValueError(f"method must be 'pullback' or 'gradient', got {method!r}")
@@ -265,6 +304,7 @@ def projected_gradient_ascent(
     check_batch(x, floating=True)
     check_eval(model)
     tau, ptau = (temperature, pool_temperature) if method == "pullback" else (0.0, 0.0)
+    surrogate = check_surrogate(surrogate)
     x0 = x.detach()
     xk = x0.clone()
     logits_hist, pred_hist, dist_hist, path = [], [], [], []
@@ -273,7 +313,8 @@ def projected_gradient_ascent(
         if keep_path:
             path.append(xk.detach())
         if k < steps:
-            d, logits, tg = _pullback_and_logits(model, xk, target if tg is None else tg, tau, ptau)
+            d, logits, tg = _pullback_and_logits(model, xk, target if tg is None else tg, tau, ptau,
+                                                 surrogate=surrogate)
         else:
             with torch.no_grad():
                 logits = model_output(model, xk)
@@ -300,19 +341,23 @@ def projected_gradient_ascent(
 # The theory: excitation gates and gated linear models
 
 
-def excitation_gates(model: nn.Module, x: Tensor, temperature: float = DEFAULT_TEMPERATURE) -> dict[str, Tensor]:
-    """The excitation function ``Gamma(x) = sigmoid(Z(x) / tau)`` of every ReLU call (Hypothesis 1, comment 5).
+def excitation_gates(model: nn.Module, x: Tensor, temperature: float | None = None,
+                     surrogate: str = "sigmoid") -> dict[str, Tensor]:
+    """The excitation function ``Gamma(x) = sigmoid(Z(x) / tau)`` of every ReLU call (Hypothesis 1, comment 5;
+    ``surrogate="normal_cdf"``: ``Phi(Z(x) / tau)``, ``temperature=None``: the surrogate's, 0.3 or 0.6).
 
     Keys as :func:`dualview.gates.record_gates` names the ReLU calls; ``temperature = 0`` gives the
     hard gates ``Z(x) > 0`` as floats. A hard-clipped ReLU call (ceiling ``t``) gets
     ``sigmoid(Z / tau) - sigmoid((Z - t) / tau)`` (:func:`dualview.surrogates.clipped_soft_gate`; hard:
     ``0 < Z < t``). Detached from the graph.
     """
+    surrogate = check_surrogate(surrogate)
+    tau = SURROGATE_TEMPERATURES[surrogate] if temperature is None else temperature
     with torch.no_grad():
         rec = record_gates(model, x)
-    gates = soft_gates(rec.preactivations, temperature)
+    gates = soft_gates(rec.preactivations, tau, surrogate)
     for k, t in rec.ceilings.items():
-        gates[k] = clipped_soft_gate(rec.preactivations[k], t, temperature)
+        gates[k] = clipped_soft_gate(rec.preactivations[k], t, tau, surrogate)
     return gates
 
 

@@ -21,6 +21,18 @@ held fixed in the backward pass: our own choice (that code has no rule for them 
 at ``x`` it equals ``f`` only at ``x``, on no region), and it has no on/off paths and no inactive state
 (:mod:`dualview.gates` refuses them everywhere else).
 
+The follow-up's rules for ReLU networks (``surrogate="normal_cdf"``). The authors' current code (repository
+``314-Foundation/SemanticPullbacks``, ``lib/surrogates.py`` and ``lib/defaults.py``, as of August 2026, with the
+paper's v6) changed two things against the seed paper's Listings 1-2: a ReLU's surrogate derivative is
+``Phi(q / tau)``, the normal CDF, at ``tau = 0.6`` (``SurrogateReLU.backward_gradient`` returns
+``normal_cdf(x, temperature)``, its ``F.sigmoid(x / temperature)`` line commented out; as
+``sigmoid(1.702 u)`` is close to ``Phi(u)``, ``Phi(q / 0.6)`` is about ``sigmoid(q / 0.35)``, a slightly softer
+gate than the seed paper's ``sigmoid(q / 0.3)``), and a max-pool's
+backward is softmax pooling at ``tau = 0.3`` with the softmax weights held fixed (``SoftMaxPool2d`` detaches
+``weights``: the gradient ``w_i`` instead of Listing 2's ``w_i (1 + (x_i - soft) / tau)``). Both are an option
+here (:data:`SURROGATES`, :data:`SURROGATE_TEMPERATURES`); the seed paper's ``sigmoid(q / 0.3)`` with Listing 2's
+pool stays the default. The rules for LayerNorm and attention of the same code are in :mod:`dualview.attention`.
+
 This module holds those pieces: :func:`soft_gates`, :func:`surrogate_relu`, :func:`soft_max_pool` and
 :func:`surrogate_max_pool` as functions, and :class:`SurrogateBackward`, the
 :class:`dualview.gates.Rule` that installs them on every ReLU and max-pool of a model inside
@@ -38,9 +50,11 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
+from dualview.attention import ATTENTION_TEMPERATURE, attention_surrogate, layer_norm_surrogate
 from dualview.gates import Rule
 
-__all__ = ["check_temperature", "soft_gates", "clipped_soft_gate", "SMOOTH_TEMPERATURES", "smooth_gate",
+__all__ = ["SURROGATES", "SURROGATE_TEMPERATURES", "POOL_TEMPERATURES", "check_temperature", "check_surrogate",
+           "relu_gate", "soft_gates", "clipped_soft_gate", "SMOOTH_TEMPERATURES", "smooth_gate",
            "surrogate_relu", "soft_max_pool",
            "surrogate_max_pool", "SurrogateBackward"]
 
@@ -55,13 +69,51 @@ def check_temperature(temperature: float, what: str = "temperature") -> float:
     return float(temperature)
 
 
-def soft_gates(preactivations: Mapping[str, Tensor], temperature: float) -> dict[str, Tensor]:
-    """``sigmoid(q / temperature)`` for every pre-activation ``q`` (Hypothesis 1, comment 5, of
-    :cite:`satkiewicz2025tapping`); ``temperature = 0`` gives the hard gates ``q > 0`` as floats."""
-    t = check_temperature(temperature)
+SURROGATES: tuple[str, ...] = ("sigmoid", "normal_cdf")
+"""The ReLU surrogates: ``"sigmoid"``, the seed paper's ``sigmoid(q / tau)`` (Listing 1 of
+:cite:`satkiewicz2025tapping`, max-pools by Listing 2); ``"normal_cdf"``, the authors' current code's ``Phi(q / tau)``
+(``lib/surrogates.py`` of ``314-Foundation/SemanticPullbacks``, max-pools with their softmax weights held
+fixed)."""
+
+SURROGATE_TEMPERATURES: dict[str, float] = {"sigmoid": 0.3, "normal_cdf": 0.6}
+"""The ReLU temperature of each surrogate: the seed paper's 0.3 (Section 5.2), the follow-up code's 0.6
+(``lib/defaults.py``)."""
+
+POOL_TEMPERATURES: dict[str, float | None] = {"sigmoid": None, "normal_cdf": 0.3}
+"""The max-pool temperature of each surrogate (``None``: the ReLUs' temperature, as in the seed paper; the
+follow-up code's ``nn.MaxPool2d: 0.3``)."""
+
+
+def check_surrogate(surrogate: str) -> str:
+    """``surrogate`` if it is one of :data:`SURROGATES`, else ``ValueError`` naming them."""
+    if surrogate not in SURROGATES:
+        raise ValueError(f"surrogate must be one of {', '.join(map(repr, SURROGATES))} (the seed paper's "
+                         f"sigmoid(q / tau), the follow-up code's Phi(q / tau)), got {surrogate!r}")
+    return surrogate
+
+
+def _normal_cdf(q: Tensor, tau: float) -> Tensor:
+    return 0.5 * (1 + torch.erf(q / (tau * math.sqrt(2))))
+
+
+def relu_gate(q: Tensor, temperature: float, surrogate: str = "sigmoid") -> Tensor:
+    """A ReLU unit's soft gate: ``sigmoid(q / tau)`` (``surrogate="sigmoid"``, Hypothesis 1 of
+    :cite:`satkiewicz2025tapping`) or ``Phi(q / tau)``, the standard normal CDF (``"normal_cdf"``, the follow-up
+    code's ``normal_cdf(x, temperature) = 0.5 (1 + erf(x / (sqrt(2) temperature)))``); ``tau = 0``: the hard gate
+    ``q > 0`` as floats."""
+    t, s = check_temperature(temperature), check_surrogate(surrogate)
     if t == 0:
-        return {k: (q > 0).to(q.dtype) for k, q in preactivations.items()}
-    return {k: torch.sigmoid(q / t) for k, q in preactivations.items()}
+        return (q > 0).to(q.dtype)
+    return torch.sigmoid(q / t) if s == "sigmoid" else _normal_cdf(q, t)
+
+
+def soft_gates(preactivations: Mapping[str, Tensor], temperature: float,
+               surrogate: str = "sigmoid") -> dict[str, Tensor]:
+    """``sigmoid(q / temperature)`` for every pre-activation ``q`` (Hypothesis 1, comment 5, of
+    :cite:`satkiewicz2025tapping`; ``surrogate="normal_cdf"``: ``Phi(q / temperature)``, :func:`relu_gate`);
+    ``temperature = 0`` gives the hard gates ``q > 0`` as floats."""
+    t, s = check_temperature(temperature), check_surrogate(surrogate)
+    return {k: relu_gate(q, t, s) for k, q in preactivations.items()}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -69,13 +121,14 @@ def soft_gates(preactivations: Mapping[str, Tensor], temperature: float) -> dict
 
 
 class _SurrogateReLU(torch.autograd.Function):
-    """Forward ``relu(z)``; backward multiplies the incoming gradient by ``sigmoid(z / tau)``."""
+    """Forward ``relu(z)``; backward multiplies the incoming gradient by ``sigmoid(z / tau)`` (``normal=True``:
+    by ``Phi(z / tau)``)."""
 
     @staticmethod
     def forward(ctx, z: Tensor, temperature: float,  # type: ignore[override]
-                out: list | None = None) -> Tensor:
+                out: list | None = None, normal: bool = False) -> Tensor:
         ctx.save_for_backward(z)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.normal = temperature, normal
         return F.relu(z) if out is None else out[0].detach()  # out: relu(z) computed already (no second pass)
 
     @staticmethod
@@ -84,43 +137,43 @@ class _SurrogateReLU(torch.autograd.Function):
         (z,) = ctx.saved_tensors
         t = ctx.temperature
         if t == 0:
-            return torch.ops.aten.threshold_backward(grad_output, z, 0), None, None
+            return torch.ops.aten.threshold_backward(grad_output, z, 0), None, None, None
+        if ctx.normal:
+            return grad_output * _normal_cdf(z, t), None, None, None
         # grad * sigmoid(z / t) in one fused pass: the derivative of softplus with beta = 1 / t is
         # sigmoid(beta z); above the threshold it returns grad, where sigmoid(beta z) rounds to 1 anyway
         threshold = 11.0 if z.dtype == torch.float16 else 40.0 if z.dtype == torch.float64 else 20.0
-        return torch.ops.aten.softplus_backward(grad_output, z, 1.0 / t, threshold), None, None
+        return torch.ops.aten.softplus_backward(grad_output, z, 1.0 / t, threshold), None, None, None
 
 
 class _SurrogateClippedReLU(torch.autograd.Function):
     """Forward ``min(max(z, 0), t)``; backward multiplies the incoming gradient by
     ``sigmoid(z / tau) - sigmoid((z - t) / tau)`` (``tau = 0``: ``1{0 < z < t}``, PyTorch's own
-    derivative)."""
+    derivative; ``surrogate="normal_cdf"``: ``Phi`` for ``sigmoid``)."""
 
     @staticmethod
     def forward(ctx, z: Tensor, temperature: float, ceiling: float,  # type: ignore[override]
-                out: list | None = None) -> Tensor:
+                out: list | None = None, surrogate: str = "sigmoid") -> Tensor:
         ctx.save_for_backward(z)
-        ctx.temperature, ctx.ceiling = temperature, ceiling
+        ctx.temperature, ctx.ceiling, ctx.surrogate = temperature, ceiling, surrogate
         return F.hardtanh(z, 0.0, ceiling) if out is None else out[0].detach()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_output: Tensor):  # type: ignore[override]
         (z,) = ctx.saved_tensors
-        t, c = ctx.temperature, ctx.ceiling
-        gate = ((z > 0) & (z < c)).to(z.dtype) if t == 0 else \
-            torch.sigmoid(z / t) - torch.sigmoid((z - c) / t)
-        return grad_output * gate, None, None, None
+        gate = clipped_soft_gate(z, ctx.ceiling, ctx.temperature, ctx.surrogate)
+        return grad_output * gate, None, None, None, None
 
 
-def clipped_soft_gate(q: Tensor, ceiling: float, temperature: float) -> Tensor:
+def clipped_soft_gate(q: Tensor, ceiling: float, temperature: float, surrogate: str = "sigmoid") -> Tensor:
     """The soft gate of a hard-clipped ReLU ``min(max(q, 0), t) = relu(q) - relu(q - t)``: the difference of
-    its two ReLUs' soft gates, ``sigmoid(q / tau) - sigmoid((q - t) / tau)``, in ``(0, 1)``; ``tau = 0`` gives
-    the hard gate ``1{0 < q < t}`` (as floats)."""
+    its two ReLUs' soft gates, ``sigmoid(q / tau) - sigmoid((q - t) / tau)`` (``surrogate="normal_cdf"``: with
+    ``Phi``), in ``(0, 1)``; ``tau = 0`` gives the hard gate ``1{0 < q < t}`` (as floats)."""
     tau = check_temperature(temperature)
     if tau == 0:
         return ((q > 0) & (q < ceiling)).to(q.dtype)
-    return torch.sigmoid(q / tau) - torch.sigmoid((q - ceiling) / tau)
+    return relu_gate(q, tau, surrogate) - relu_gate(q - ceiling, tau, surrogate)
 
 
 SMOOTH_TEMPERATURES: dict[type[nn.Module], float] = {nn.SiLU: 1.6, nn.GELU: 1.0}
@@ -140,7 +193,7 @@ def smooth_gate(module: nn.Module, q: Tensor, temperature: float | None = None) 
         return (q > 0).to(q.dtype)
     if base is nn.SiLU:
         return torch.sigmoid(q / tau)
-    return 0.5 * (1 + torch.erf(q / (tau * math.sqrt(2))))
+    return _normal_cdf(q, tau)
 
 
 class _HeldFactor(torch.autograd.Function):
@@ -159,12 +212,14 @@ class _HeldFactor(torch.autograd.Function):
         return grad_output * factor, None, None
 
 
-def surrogate_relu(z: Tensor, temperature: float) -> Tensor:
-    """``relu(z)`` whose derivative is ``sigmoid(z / temperature)`` (Listing 1 of :cite:`satkiewicz2025tapping`).
+def surrogate_relu(z: Tensor, temperature: float, surrogate: str = "sigmoid") -> Tensor:
+    """``relu(z)`` whose derivative is ``sigmoid(z / temperature)`` (Listing 1 of :cite:`satkiewicz2025tapping`;
+    ``surrogate="normal_cdf"``: ``Phi(z / temperature)``, the follow-up code's ``SurrogateReLU``).
 
     ``temperature = 0`` gives the hard gate ``1{z > 0}``, i.e. the ordinary ReLU gradient.
     """
-    return _SurrogateReLU.apply(z, check_temperature(temperature))
+    return _SurrogateReLU.apply(z, check_temperature(temperature), None,
+                                check_surrogate(surrogate) == "normal_cdf")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -258,12 +313,13 @@ def soft_max_pool(
 
 class _SurrogateMaxPool(torch.autograd.Function):
     """Forward: max-pooling (``out``: the layer's own output, not computed again). Backward: the gradient of
-    :func:`soft_max_pool` (closed form)."""
+    :func:`soft_max_pool` (closed form); ``fixed_weights=True``: with the softmax weights held fixed (the
+    follow-up code's ``SoftMaxPool2d``), each input gets the incoming gradient times its weight ``w_i``."""
 
     @staticmethod
     def forward(ctx, x: Tensor, spec: _PoolSpec, temperature: float,  # type: ignore[override]
-                out: list | None = None) -> Tensor:
-        ctx.spec, ctx.temperature = spec, temperature
+                out: list | None = None, fixed_weights: bool = False) -> Tensor:
+        ctx.spec, ctx.temperature, ctx.fixed_weights = spec, temperature, fixed_weights
         if out is None:
             pooled = torch.ops.aten.max_pool2d(_as_2d(x, spec), list(spec.kernel), list(spec.stride),
                                                list(spec.padding), list(spec.dilation), spec.ceil_mode)
@@ -285,32 +341,36 @@ class _SurrogateMaxPool(torch.autograd.Function):
         # softmax over each window (dim 1), element-wise: the window's max (the forward's output) keeps exp <= 1
         e = torch.exp(((vals - pooled.reshape(vals.shape[0], 1, -1)) / t).masked_fill(~mask, float("-inf")))
         total = e.sum(1, keepdim=True)
-        soft = (vals * e).sum(1, keepdim=True) / total  # sum_i x_i w_i, w_i = e_i / total
         g = grad_output.reshape(vals.shape[0], 1, -1) / total
-        # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - soft) / t)
-        gv = g * e * (1 + (vals - soft) / t)
+        if ctx.fixed_weights:  # d/dx_i sum_j x_j stopgrad(w_j) = w_i
+            gv = g * e
+        else:  # d/dx_i sum_j x_j w_j = w_i (1 + (x_i - soft) / t)
+            soft = (vals * e).sum(1, keepdim=True) / total  # sum_i x_i w_i, w_i = e_i / total
+            gv = g * e * (1 + (vals - soft) / t)
         C = x4.shape[-3]
         gx = F.fold(gv.reshape(-1, C * gv.shape[1], gv.shape[2]), padded, kernel_size=spec.kernel,
                     dilation=spec.dilation, stride=spec.stride)
         (ph, pw), (H, W) = spec.padding, x4.shape[-2:]
         gx = gx[..., ph:ph + H, pw:pw + W].reshape(x.shape)
-        return gx, None, None, None
+        return gx, None, None, None, None
 
 
 def surrogate_max_pool(
     x: Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, *,
-    temperature: float, one_d: bool = False,
+    temperature: float, one_d: bool = False, fixed_weights: bool = False,
 ) -> Tensor:
     """Max-pooling forward, softmax-pooling backward (straight-through; Section 5.3 and Listing 2).
 
-    ``temperature = 0`` is plain max-pooling (forward and backward).
+    ``temperature = 0`` is plain max-pooling (forward and backward). ``fixed_weights=True``: the backward of
+    ``sum_i x_i stopgrad(softmax(x / temperature)_i)`` instead, the follow-up code's (``SoftMaxPool2d`` of
+    ``314-Foundation/SemanticPullbacks``, ``lib/surrogates.py``, detaches its ``weights``).
     """
     t = check_temperature(temperature)
     if t == 0:
         fn = F.max_pool1d if one_d else F.max_pool2d
         return fn(x, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode)
     spec = _PoolSpec.of(kernel_size, stride, padding, dilation, ceil_mode, one_d)
-    return _SurrogateMaxPool.apply(x, spec, t)
+    return _SurrogateMaxPool.apply(x, spec, t, None, bool(fixed_weights))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -331,19 +391,35 @@ class SurrogateBackward(Rule):
     need no gradient passes it times its per-channel factor ``weight / sqrt(running_var + eps)``: PyTorch's own
     derivative, with less kept for the backward pass (its input is not), so that the pullback's graph holds no
     more than the gradient's although each ReLU keeps its pre-activation.
+
+    ``surrogate="normal_cdf"``: the follow-up code's rules (module docstring): ``Phi`` for ``sigmoid`` at the
+    ReLUs, max-pools with their softmax weights held fixed, ``pool_temperature`` by default
+    :data:`POOL_TEMPERATURES` (0.3). ``nn.LayerNorm`` and ``nn.MultiheadAttention`` get the follow-up's rules of
+    :mod:`dualview.attention` (mean and variance held fixed; softmax weights held fixed, the gradient through the
+    values with the weights of ``softmax(s / attention_temperature)``, default 1).
     """
 
     clipped = True
     smooth = True
 
     def __init__(self, temperature: float, pool_temperature: float | None = None,
-                 smooth_temperature: float | None = None) -> None:
+                 smooth_temperature: float | None = None, surrogate: str = "sigmoid",
+                 attention_temperature: float | None = None) -> None:
         self.temperature = check_temperature(temperature)
-        self.pool_temperature = self.temperature if pool_temperature is None else \
-            check_temperature(pool_temperature, "pool_temperature")
+        self.surrogate = check_surrogate(surrogate)
+        pool_default = POOL_TEMPERATURES[surrogate]
+        self.pool_temperature = check_temperature(pool_temperature, "pool_temperature") if pool_temperature \
+            is not None else self.temperature if pool_default is None else pool_default
         self.smooth_temperature = None if smooth_temperature is None else \
             check_temperature(smooth_temperature, "smooth_temperature")
+        self.attention_temperature = ATTENTION_TEMPERATURE if attention_temperature is None else \
+            check_temperature(attention_temperature, "attention_temperature")
+        if self.attention_temperature == 0:
+            raise ValueError("attention_temperature must be > 0 (the softer softmax's temperature; 1: the "
+                             "network's own attention weights)")
         self.relu_calls = self.pool_calls = self.functional_relu_calls = self.smooth_calls = 0
+        self.layer_norm_calls = self.attention_calls = 0
+        self._normal = self.surrogate == "normal_cdf"
 
     def relu(self, site, module, q):
         return self.relu_output(site, module, q, None)
@@ -357,14 +433,22 @@ class SurrogateBackward(Rule):
         self.relu_calls += 1
         if isinstance(module, nn.Hardtanh):  # a hard-clipped ReLU (instrument checked its floor is 0)
             return _SurrogateClippedReLU.apply(q, self.temperature, float(module.max_val),
-                                               None if out is None else [out])
-        return _SurrogateReLU.apply(q, self.temperature, None if out is None else [out])
+                                               None if out is None else [out], self.surrogate)
+        return _SurrogateReLU.apply(q, self.temperature, None if out is None else [out], self._normal)
 
     def max_pool(self, site, module, x, out):
         self.pool_calls += 1
         if self.pool_temperature == 0:
             return None
-        return _SurrogateMaxPool.apply(x, _PoolSpec.of_module(module), self.pool_temperature, [out])
+        return _SurrogateMaxPool.apply(x, _PoolSpec.of_module(module), self.pool_temperature, [out], self._normal)
+
+    def layer_norm(self, site, module, x, out):
+        self.layer_norm_calls += 1
+        return layer_norm_surrogate(module, x, out)
+
+    def attention(self, site, module, args, kwargs, out):
+        self.attention_calls += 1
+        return attention_surrogate(module, args, kwargs, out, self.attention_temperature, site)
 
     def channel_gate(self, site, module, x, scale):
         return _HeldFactor.apply(x, scale.detach(), [x * scale])
@@ -386,4 +470,4 @@ class SurrogateBackward(Rule):
 
     def functional_relu(self, where, q):
         self.functional_relu_calls += 1
-        return _SurrogateReLU.apply(q, self.temperature)
+        return _SurrogateReLU.apply(q, self.temperature, None, self._normal)

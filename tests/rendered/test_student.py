@@ -26,7 +26,7 @@ EXERCISE_BLOCK = re.compile(r"^```\{exercise\}[^\n]*\n(.*?)^```[ \t]*$", re.S | 
 # characters a rendering changes (math, roles, emphasis, links, smart quotes, dashes) and list/heading marks
 MARKUP = re.compile(r"[$`{}*\[\]\\_|<>\"']|--|\.\.\.|^[-+#>]|^\d+\. ")
 MIN_LENGTH = 25
-# a MyST role, which the plain notebooks rewrite (scripts/notebooks.py, Plain)
+# a MyST role, which the plain notebooks rewrite (scripts/harness/plain.py, Plain)
 ROLE = re.compile(r"\{[\w:-]+\}`")
 
 

@@ -51,13 +51,16 @@ surrogate backward of excitation pullbacks, which defines a backward pass, not a
 them, and with them torchvision's squeeze-and-excitation block ``x * s(x)`` (a channel gate, handed to
 :meth:`Rule.channel_gate`) and ``StochasticDepth`` (the identity in eval mode). Everything else (recording and
 imposing gates, gated linear models, switched projections, Insens, path counts, kernels) refuses them by name.
+So do ``nn.LayerNorm`` and ``nn.MultiheadAttention`` (:data:`TRANSFORMER_LAYERS`), which the same rules
+hand to :meth:`Rule.layer_norm` and :meth:`Rule.attention` (the follow-up's rules, :mod:`dualview.attention`).
 """
 from __future__ import annotations
 
 from dualview.gates.guard import _op_kind, _op_name  # noqa: F401  (the guard's plumbing, for tests)
 from dualview.gates.instrument import active_share, instrument, record_gates, run_with_gates
 from dualview.gates.layers import (
-    CLIPPED_LAYERS, GATE_LAYERS, LEAKY_LAYERS, POOL_GATE_LAYERS, SMOOTH_LAYERS, SUPPORTED_LAYERS, SelectOutput,
+    CLIPPED_LAYERS, GATE_LAYERS, LEAKY_LAYERS, POOL_GATE_LAYERS, SMOOTH_LAYERS, SUPPORTED_LAYERS, TRANSFORMER_LAYERS,
+    SelectOutput,
     UnsupportedLayerError, check_batch, check_eval, check_model, check_supported, clip_ceiling, leaky_slope,
     model_output, register_linear_layer, unregister_linear_layer,
 )
@@ -66,7 +69,7 @@ from dualview.gates.rules import GateRecord, ImposeGates, Record, Rule
 
 __all__ = [
     "SUPPORTED_LAYERS", "UnsupportedLayerError", "register_linear_layer", "check_supported", "check_batch",
-    "GATE_LAYERS", "CLIPPED_LAYERS", "SMOOTH_LAYERS", "LEAKY_LAYERS",
+    "GATE_LAYERS", "CLIPPED_LAYERS", "SMOOTH_LAYERS", "LEAKY_LAYERS", "TRANSFORMER_LAYERS",
     "POOL_GATE_LAYERS", "GateRecord", "check_eval", "check_reproduces", "check_model",
     "unregister_linear_layer", "full_precision", "tf32_off", "leaky_slope",
     "clip_ceiling", "Rule", "Record", "ImposeGates", "instrument", "record_gates", "run_with_gates",

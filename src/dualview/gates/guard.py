@@ -209,7 +209,10 @@ class _Guard(TorchFunctionMode):
             "through nn.ReLU / nn.MaxPool2d modules (their gates are recorded; a module may be called more "
             "than once, each call is its own gate site); other non-linearities "
             "(softmax and attention, normalisation by the input's own statistics, GELU/SiLU/tanh, clamps, "
-            "max/amax, products of two activations) are outside the exact dual view of ReLU networks.")
+            "max/amax, products of two activations) are outside the exact dual view of ReLU networks." +
+            (" The excitation pullback's surrogate rules cover attention and normalisation as modules: write them "
+             "with nn.MultiheadAttention and nn.LayerNorm." if self.rules and all(r.smooth for r in self.rules)
+             else ""))
         raise self.pending
 
     def problem(self, func, kind: str, args, kwargs, dep: list[Tensor]) -> str | None:

@@ -20,6 +20,10 @@ CLIPPED_LAYERS: tuple[type[nn.Module], ...] = (nn.Hardtanh,)
 #: Smooth self-gated activations ``q * g(q)`` (``nn.SiLU``: ``g = sigmoid``; ``nn.GELU``: ``g = Phi``, the
 #: normal CDF): no exact dual view; accepted only by rules with ``smooth = True`` (the surrogate backward).
 SMOOTH_LAYERS: tuple[type[nn.Module], ...] = (nn.SiLU, nn.GELU)
+#: The transformer layers ``nn.LayerNorm`` (normalises by its input's own statistics) and ``nn.MultiheadAttention``
+#: (multiplies input-dependent softmax weights and values): not piecewise linear, no exact dual view; accepted
+#: only by rules with ``smooth = True`` (the surrogate backward, :mod:`dualview.attention`).
+TRANSFORMER_LAYERS: tuple[type[nn.Module], ...] = (nn.LayerNorm, nn.MultiheadAttention)
 #: Leaky ReLUs ``max(q, 0) + a min(q, 0)`` (``nn.LeakyReLU``: slope ``a = negative_slope``; ``nn.PReLU``: a learnt
 #: slope, one or one per channel): a gate whose off state has slope ``a`` instead of 0, gate values in
 #: ``{a, 1}``; accepted by rules with ``leaky = True`` (recorded and imposed gates, gated linear models, switched
@@ -166,6 +170,34 @@ def _smooth_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
         "explain.attribute(..., 'pullback')) and the gradient-based methods of explain.attribute.")
 
 
+def _transformer_refusal(label: str, module: nn.Module) -> UnsupportedLayerError:
+    what = "attention: it multiplies two tensors that depend on the input (softmax weights and values)" \
+        if isinstance(module, nn.MultiheadAttention) else \
+        "a normalisation by its input's own mean and variance"
+    return UnsupportedLayerError(
+        f"layer '{label}' ({type(module).__name__}) is {what}. It is not piecewise linear: no gates held fixed "
+        "make the network affine, so the exact dual view (recorded and imposed gates, gated linear models, "
+        "switched projections, Insens, path counts, kernels, gated networks) does not apply. What runs: "
+        "excitation pullbacks, with the follow-up's surrogate rules (LayerNorm's mean and variance held fixed, "
+        "attention's softmax weights held fixed; dualview.pullbacks.excitation_pullback, "
+        "explain.attribute(..., 'pullback')), and the gradient-based methods of explain.attribute.")
+
+
+def _check_transformer_layer(label: str, module: nn.Module) -> None:
+    """What the surrogate rules of LayerNorm and attention cover: the plain layers, attention without extra
+    key/value biases, in eval mode."""
+    base = nn.MultiheadAttention if isinstance(module, nn.MultiheadAttention) else nn.LayerNorm
+    what = None
+    if type(module).forward is not base.forward:
+        what = f"subclasses {base.__name__} but overrides its forward (use the plain layer)"
+    elif base is nn.MultiheadAttention and (module.bias_k is not None or module.add_zero_attn):
+        what = "has add_bias_kv=True or add_zero_attn=True, which the attention rule does not cover"
+    elif base is nn.MultiheadAttention and module.training and module.dropout > 0:
+        what = "is in training mode, where it drops attention weights at random: call model.eval() first"
+    if what is not None:
+        raise UnsupportedLayerError(f"layer '{label}' ({type(module).__name__}) {what}.")
+
+
 def check_model(model: object) -> None:
     """Raise a TypeError that says what to pass instead, unless ``model`` is an eager ``nn.Module``: dualview
     sees a model's layers through module hooks and its operations through a torch-function mode, which a
@@ -234,10 +266,18 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
     their saturated piece); SiLU / GELU (:data:`SMOOTH_LAYERS`), torchvision's ``SqueezeExcitation`` (whose
     inside is not checked: the rule holds its scale fixed) and ``StochasticDepth`` with ``smooth=True`` only
     (by the surrogate backward of excitation pullbacks). Leaky ReLUs (:data:`LEAKY_LAYERS`) with ``leaky=True``
-    only (by the computations that handle their {a, 1} gates).
+    only (by the computations that handle their {a, 1} gates). ``nn.LayerNorm`` and ``nn.MultiheadAttention``
+    (:data:`TRANSFORMER_LAYERS`, the attention's inside not checked: the rule re-implements it) with
+    ``smooth=True`` only, and then containers may own parameters (a ViT's class token and position embedding):
+    the guard of :func:`instrument` checks every operation of their ``forward``.
     """
     check_model(model)
     named = list(model.named_modules()) if _named is None else _named
+    for name, module in named:  # named first, before a container's own parameters (a ViT's class token)
+        if isinstance(module, TRANSFORMER_LAYERS):
+            if not smooth:
+                raise _transformer_refusal(name or "<model>", module)
+            _check_transformer_layer(name or "<model>", module)
     supported = SUPPORTED_LAYERS() + CLIPPED_LAYERS
     channel_gates, depth_drops = _smooth_blocks()
     skipped: list[str] = []  # the insides of channel gates
@@ -245,8 +285,8 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
         label = name or "<model>"
         if any(name.startswith(p + ".") for p in skipped):
             continue
-        if smooth and type(module) in channel_gates:
-            skipped.append(name)
+        if smooth and (type(module) in channel_gates or isinstance(module, TRANSFORMER_LAYERS)):
+            skipped.append(name)  # (a LayerNorm has no inside)
             continue
         children = list(module.children())
         if isinstance(module, SMOOTH_LAYERS) and not children and \
@@ -305,7 +345,7 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
                     "(a gate is recognised by "
                     "what it computes, not by its class): use the plain layer, or make it a module whose "
                     "forward calls supported layers.")
-        elif any(p is not None for p in module._parameters.values()):
+        elif not smooth and any(p is not None for p in module._parameters.values()):
             raise UnsupportedLayerError(
                 f"module '{label}' ({type(module).__name__}) has parameters of its own besides its "
                 "child layers, so dualview cannot see how they are used: move them into "

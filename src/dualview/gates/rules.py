@@ -91,6 +91,16 @@ class Rule:
         ``x * scale`` with the channel gate ``scale = s(x)`` computed by the block."""
         return None
 
+    def layer_norm(self, site: str, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:
+        """Called (rules with ``smooth = True``) at each ``nn.LayerNorm`` call with its input ``x`` and output
+        ``out``; ``None`` keeps the layer's own backward."""
+        return None
+
+    def attention(self, site: str, module: nn.Module, args: tuple, kwargs: dict, out: tuple) -> tuple | None:
+        """Called (rules with ``smooth = True``) at each ``nn.MultiheadAttention`` call with its arguments and
+        its output ``(attention, weights)``; ``None`` keeps the layer's own backward."""
+        return None
+
     def batch_norm(self, module: nn.Module, x: Tensor, out: Tensor) -> Tensor | None:
         """Called at each BatchNorm call (eval mode: an affine map per channel) with its input ``x`` and output
         ``out``, for rules that override it (the others leave BatchNorm unhooked): a rule may return ``out``

@@ -41,12 +41,14 @@ from dualview.paths.counting import (  # noqa: F401
     register_unit_rule,
     resnet_path_count,
     unit_network,
+    unregister_unit_rule,
 )
 
 __all__ = [
     'fc_layers', 'path_index', 'path_activity', 'neural_path_features', 'neural_path_values',
     'neural_path_features_reference', 'neural_path_values_reference', 'fc_path_count', 'conv_path_count',
-    'resnet_path_count', 'parameter_count', 'unit_network', 'PathCount', 'count_paths',
+    'resnet_path_count', 'parameter_count', 'unit_network', 'PathCount', 'count_paths', 'register_unit_rule',
+    'unregister_unit_rule',
 ]
 
 # the package's names are documented and shown as dualview.paths.<name> (where a reader of the book calls them)

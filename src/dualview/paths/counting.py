@@ -1,15 +1,17 @@
 """Part of :mod:`dualview.paths` (see its docstring)."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
-from dualview.gates import LEAKY_LAYERS, POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, instrument, record_gates
+from dualview.gates import LEAKY_LAYERS, POOL_GATE_LAYERS, SUPPORTED_LAYERS, ImposeGates, check_supported, instrument, \
+    record_gates
 
 
 # --- counting ------------------------------------------------------------------------------
@@ -130,6 +132,9 @@ def unit_network(model: nn.Module) -> nn.Module:
 
     check_model(model)
     unit = copy.deepcopy(model).double().eval()
+    # a layer outside the dual view (LayerNorm, attention, GELU) is refused for what it is, not for a missing
+    # unit-weight rule (checked on the eval-mode copy: the model's own mode does not matter here)
+    check_supported(unit, clipped=True, leaky=True)
     for name, m in list(unit.named_modules()):
         replacement = None
         with torch.no_grad():
@@ -155,25 +160,51 @@ def unit_network(model: nn.Module) -> nn.Module:
                         f"count_paths does not know how paths cross layer '{name}' ({type(m).__name__}); "
                         "give its class a unit_weights() method, or register its unit-weight version with "
                         "dualview.paths.register_unit_rule")
-                replacement = rule(m)
+                replacement = rule(m).eval()  # (a fresh module of the rule's is in training mode)
         if replacement is not None:
             parent, _, child = name.rpartition(".")
             setattr(unit.get_submodule(parent) if parent else unit, child, replacement)
     return unit
 
 
-_UNIT_RULES: dict[type, object] = {}
+_UNIT_RULES: dict[type, Callable[[nn.Module], nn.Module]] = {}
 
 
-def register_unit_rule(cls: type[nn.Module], rule) -> None:
+class register_unit_rule(contextlib.ContextDecorator):  # noqa: N801 - used like a function
     """Tell :func:`count_paths` how paths cross a custom linear layer (for a class you cannot edit;
     a class of your own can define a ``unit_weights()`` method instead).
 
     ``rule(module)`` returns the module's unit-weight version: the layer with every edge weight
     set to 1 and no offsets (e.g. a per-channel normalisation becomes ``nn.Identity()``; a fixed
-    selection such as a subsampling shortcut stays as it is).
+    selection such as a subsampling shortcut stays as it is). Undo with :func:`unregister_unit_rule`, or use it
+    as a context manager: ``with register_unit_rule(MyLayer, rule): ...`` registers for the block only (on
+    exit the rule the class had before, if any, is back).
     """
-    _UNIT_RULES[cls] = rule
+
+    def __init__(self, cls: type[nn.Module], rule: Callable[[nn.Module], nn.Module]) -> None:
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"register_unit_rule expects an nn.Module class, got {cls!r}")
+        if not callable(rule):
+            raise TypeError(f"register_unit_rule expects a rule(module) -> unit-weight module, got {rule!r}")
+        self.cls, self.rule, self.previous = cls, rule, _UNIT_RULES.get(cls)
+        _UNIT_RULES[cls] = rule
+
+    def __enter__(self) -> "register_unit_rule":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if _UNIT_RULES.get(self.cls) is not self.rule:  # unregistered or replaced inside the block: leave it
+            return
+        if self.previous is None:
+            del _UNIT_RULES[self.cls]
+        else:
+            _UNIT_RULES[self.cls] = self.previous
+
+
+def unregister_unit_rule(*classes: type[nn.Module]) -> None:
+    """Undo :func:`register_unit_rule` for ``classes`` (a class without a registered rule is left as it is)."""
+    for cls in classes:
+        _UNIT_RULES.pop(cls, None)
 
 
 class _PathFlow(ImposeGates):

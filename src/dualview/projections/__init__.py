@@ -51,11 +51,11 @@ An in-place ``nn.ReLU(inplace=True)`` whose *input* tensor is read again later i
 """
 from __future__ import annotations
 
+from dualview.projections._frozen import frozen_preactivations  # noqa: F401
 from dualview.projections.switched import (  # noqa: F401
     InsensResult,
     SwitchedProjections,
     _jacobian_chunks,
-    frozen_preactivations,
     insens,
     insens_reference,
     switched_projections,

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 from dualview import receptive_fields
 from dualview.gates import full_precision, record_gates
-from dualview.projections.switched import _check, frozen_preactivations
+from dualview.projections._frozen import check_input as _check, frozen_network, inactive_coefficients
 
 
 # --------------------------------------------------------------------------------------------------
@@ -95,9 +95,7 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
         raise ValueError("the model has no ReLU, so Insens has no hidden neurons to average over")
     q = torch.cat([rec.preactivations[k].detach().flatten(1) for k in names], 1)
 
-    def frozen(z):
-        pre = frozen_preactivations(model, z, rec.gates, rec.pool_indices, rec.saturated)
-        return torch.cat([pre[k].flatten(1) for k in names], 1)
+    frozen = frozen_network(model, rec, names)
 
     def along(tangent):
         return receptive_fields.jvp(frozen, torch.zeros_like(x), tangent)
@@ -117,23 +115,19 @@ def insens_estimate(model: nn.Module, x: Tensor, probes: int = 64, groups: int =
     total = group_sum.sum(0)
     sq_norm = total / probes
     var = (fourth - probes * sq_norm.square()).clamp_min(0) / (probes - 1)
-    tiny = torch.finfo(x.dtype).tiny
-    inactive = (q <= 0) & (sq_norm > tiny)
-    n_inactive = inactive.sum(1)
-    denom = n_inactive.clamp_min(1).to(x.dtype)[:, None]
     # the full estimate and the groups leave-one-group-out estimates, as cotangents of J^T
     norms = torch.cat([sq_norm[None], (total - group_sum) / (probes - per_group)])  # (1 + G, N, U)
-    coef = torch.where(inactive, q / norms.clamp_min(tiny), torch.zeros_like(q)) / denom
+    a = inactive_coefficients(q, sq_norm, norms)
     _, pull = torch.func.vjp(frozen, x)
     with torch.no_grad():
-        maps = torch.func.vmap(lambda a: pull(a)[0], chunk_size=chunk)(coef)  # (1 + G, N, *input)
+        maps = torch.func.vmap(lambda c: pull(c)[0], chunk_size=chunk)(a.coef)  # (1 + G, N, *input)
     full, leave_out = maps[0], maps[1:]
     mean_out = leave_out.mean(0)
     omega = groups * full - (groups - 1) * mean_out  # jackknife bias correction
     omega_se = ((groups - 1) / groups * (leave_out - mean_out).square().sum(0)).sqrt()
     result = InsensEstimate(
         omega=omega, omega_se=omega_se, sq_norm=sq_norm, sq_norm_se=(var / probes).sqrt(), probes=probes,
-        groups=groups, n_inactive=n_inactive.cpu(), n_cut_off=((q <= 0) & (sq_norm <= tiny)).sum(1).cpu(),
+        groups=groups, n_inactive=a.n_inactive.cpu(), n_cut_off=a.n_cut_off.cpu(),
         n_hidden=q.shape[1],
     )
     rel = result.relative_se

@@ -7,7 +7,10 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 from dualview import receptive_fields
-from dualview.gates import check_reproduces as _self_check, full_precision, record_gates, run_with_gates
+from dualview.gates import check_reproduces as _self_check, full_precision, record_gates
+from dualview.projections._frozen import (
+    check_input as _check, frozen_network, frozen_preactivations, inactive_coefficients,
+)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -93,35 +96,7 @@ class InsensResult:
 
 
 # --------------------------------------------------------------------------------------------------
-# The frozen network and its pre-activations
-
-
-def _check(model: nn.Module, x: Tensor) -> None:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
-    if not isinstance(x, Tensor) or not x.is_floating_point():
-        raise TypeError(f"expected a floating-point tensor input, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.dim() < 2 or x.shape[0] == 0:
-        raise ValueError(
-            f"expected a non-empty batch (N, ...) of inputs, got shape {tuple(x.shape)}; "
-            "use x.unsqueeze(0) for a single input"
-        )
-
-
-def frozen_preactivations(
-    model: nn.Module, z: Tensor, gates: dict[str, Tensor], pool_indices: dict[str, Tensor],
-    saturated: dict[str, Tensor] | None = None,
-) -> dict[str, Tensor]:
-    """Pre-activations of every ReLU call when ``model`` runs on ``z`` with the given gates frozen.
-
-    This is the active sub-network (:func:`dualview.gates.run_with_gates`) read at every hidden
-    layer: an affine function of ``z`` for fixed gates; at ``z = x`` with ``x``'s own gates it
-    equals ``record_gates(model, x).preactivations``. Names follow :func:`dualview.gates.record_gates`.
-    ``saturated``: the saturated pieces of hard-clipped ReLUs (``record_gates(model, x).saturated``).
-    """
-    captured: dict[str, Tensor] = {}
-    run_with_gates(model, z, gates, pool_indices, preactivations=captured, saturated=saturated)
-    return captured
+# The frozen network's Jacobian
 
 
 def _select(names: list[str], layers: list[str] | None) -> list[str]:
@@ -140,10 +115,8 @@ def _jacobian_chunks(model, x, rec, names, chunk_size):
     n, d = x.shape[0], x[0].numel()
     k = max(1, chunk_size // n)
     zero = torch.zeros_like(x)
-
-    def frozen(z):
-        q = frozen_preactivations(model, z, rec.gates, rec.pool_indices, rec.saturated)
-        return tuple(q[name].flatten(1) for name in names)
+    frozen = frozen_network(model, rec, names)
+    sizes = [rec.preactivations[name][0].numel() for name in names]
 
     def column(tangent):
         return receptive_fields.jvp(frozen, zero, tangent)
@@ -152,8 +125,8 @@ def _jacobian_chunks(model, x, rec, names, chunk_size):
         basis = torch.zeros(len(coord), d, dtype=x.dtype, device=x.device)
         basis[torch.arange(len(coord), device=x.device), coord] = 1
         tangents = basis[:, None, :].expand(len(coord), n, d).reshape(len(coord), *x.shape)
-        cols = torch.func.vmap(column)(tangents)
-        yield coord, dict(zip(names, cols))
+        cols = torch.func.vmap(column)(tangents)  # (k, N, U)
+        yield coord, dict(zip(names, cols.split(sizes, -1)))
 
 
 def _default_chunk(x: Tensor) -> int:
@@ -281,33 +254,19 @@ def insens(model: nn.Module, x: Tensor, chunk_size: int | None = None, structure
             for _, cols in tqdm(sweep, total=total, desc="Insens", disable=not progress):
                 for k in names:
                     sq[k] += cols[k].square().sum(0)
-    tiny = torch.finfo(x.dtype).tiny
-    q = {k: rec.preactivations[k].flatten(1) for k in names}
-    inactive = {k: (q[k] <= 0) & (sq[k] > tiny) for k in names}
-    cut = {k: (q[k] <= 0) & (sq[k] <= tiny) for k in names}
-    n_inactive = sum(m.sum(1) for m in inactive.values())
-    n_cut = sum(m.sum(1) for m in cut.values())
-    denom = n_inactive.clamp_min(1).to(x.dtype)
-    coef = {
-        k: torch.where(inactive[k], q[k] / sq[k].clamp_min(tiny), torch.zeros_like(q[k])) / denom[:, None]
-        for k in names
-    }
+    q = torch.cat([rec.preactivations[k].flatten(1) for k in names], 1)
+    a = inactive_coefficients(q, torch.cat([sq[k] for k in names], 1))
+    frozen = frozen_network(model, rec, names)
     z = x.clone().requires_grad_(True)
     with torch.enable_grad():
-        qz = frozen_preactivations(model, z, rec.gates, rec.pool_indices, rec.saturated)
-        total = [(qz[k].flatten(1) * coef[k]).sum(1) for k in names]  # per input
-        (omega,) = torch.autograd.grad(sum(t.sum() for t in total), z)
+        (omega,) = torch.autograd.grad((frozen(z) * a.coef).sum(), z)
     # self-check: the frozen network is affine and is the network at x, so sum_i a_i q_i(x) equals
     # sum_i a_i b_i + <Omega, x> (b_i: the frozen network at 0); one more forward pass
     with torch.no_grad():
-        q0 = frozen_preactivations(model, torch.zeros_like(x), rec.gates, rec.pool_indices, rec.saturated)
-        bias = sum((q0[k].flatten(1) * coef[k]).sum(1) for k in names)
-        own = sum((q[k] * coef[k]).sum(1) for k in names)
+        bias = (frozen(torch.zeros_like(x)) * a.coef).sum(1)
+        own = (q * a.coef).sum(1)
     _self_check("Insens", (omega * x).flatten(1), bias, own)
-    return InsensResult(
-        omega=omega, n_inactive=n_inactive.cpu(), n_cut_off=n_cut.cpu(),
-        n_hidden=sum(v.shape[1] for v in q.values()),
-    )
+    return InsensResult(omega=omega, n_inactive=a.n_inactive.cpu(), n_cut_off=a.n_cut_off.cpu(), n_hidden=q.shape[1])
 
 
 def insens_reference(model: nn.Module, x: Tensor) -> InsensResult:

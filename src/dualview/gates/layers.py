@@ -274,7 +274,8 @@ def check_supported(model: nn.Module, clipped: bool = False, smooth: bool = Fals
     check_model(model)
     named = list(model.named_modules()) if _named is None else _named
     for name, module in named:  # named first, before a container's own parameters (a ViT's class token)
-        if isinstance(module, TRANSFORMER_LAYERS):
+        registered = type(module) in _LINEAR_LAYERS or getattr(type(module), "linear_layer", False)
+        if isinstance(module, TRANSFORMER_LAYERS) and not registered:  # (registered: checked for affinity)
             if not smooth:
                 raise _transformer_refusal(name or "<model>", module)
             _check_transformer_layer(name or "<model>", module)

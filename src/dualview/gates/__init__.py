@@ -40,13 +40,13 @@ the *saturated* piece ``H = 1{q >= t}``, a constant. Both are fixed by ``x`` (th
 ``q = t`` as PyTorch's backward takes them: slope 0), so with them held fixed the network is affine again and
 the dual view is exact: :attr:`GateRecord.gates` holds ``G``, :attr:`GateRecord.saturated` holds ``H``, and
 :func:`run_with_gates` outputs ``q * G + t * H`` at such a site (pass ``saturated=``). They are accepted by
-the rules that declare :attr:`Rule.clipped` (recording, imposing gates, the surrogate backward of excitation
+the rules that declare ``Rule.clipped`` (recording, imposing gates, the surrogate backward of excitation
 pullbacks), hence by switched projections, Insens and gated linear models; path counts, kernels and gated
 networks are defined for ReLU networks and refuse them. A Hardtanh with ``min_val != 0`` is refused.
 
 SiLU and GELU (:data:`SMOOTH_LAYERS`) are *not* piecewise linear: ``q * sigmoid(q)`` and ``q * Phi(q)`` switch
 nothing on or off, no gates held fixed make the network affine, and no switched or gated linear model
-reproduces ``f(x)``: the exact dual view does not apply. Only rules that declare :attr:`Rule.smooth` (the
+reproduces ``f(x)``: the exact dual view does not apply. Only rules that declare ``Rule.smooth`` (the
 surrogate backward of excitation pullbacks, which defines a backward pass, not a linear model) accept
 them, and with them torchvision's squeeze-and-excitation block ``x * s(x)`` (a channel gate, handed to
 :meth:`Rule.channel_gate`) and ``StochasticDepth`` (the identity in eval mode). Everything else (recording and
